@@ -1,0 +1,242 @@
+"""Learning-rate schedules for large-batch training, defined in epochs.
+
+Ying et al. 2018 §3 train with linear learning-rate scaling, warm-up and
+decay; Goyal et al. 2017 give the linear scaling rule (LR = base x batch/256),
+the gradual warm-up and the step decay at epochs 30/60/80; tensorflow/tpu's
+LARS runs decay polynomially with power 2; Akiba et al. 2017 use a
+"slow-start" schedule; Mikami et al. 2018 change the global batch during
+training ("batch-size control").
+
+Every schedule here is a function of the epoch, not of the step: the epoch is
+images seen / images per epoch, where images seen follows from the global step
+and a batch-size schedule of (start_epoch, global_batch) phases. The LR at a
+step is scaled linearly with the global batch of that step, so a schedule
+keeps its shape in epochs when the batch changes.
+"""
+import dataclasses
+import math
+from typing import Sequence
+
+import keras
+from keras import ops
+
+BatchSizeSchedule = tuple[tuple[int, int], ...]
+
+SCHEDULES = ("polynomial", "cosine", "step", "slow_start", "constant")
+
+# Goyal et al. 2017: x0.1 at epochs 30, 60 and 80.
+STEP_BOUNDARIES = (30.0, 60.0, 80.0)
+STEP_MULTIPLIERS = (1.0, 0.1, 0.01, 0.001)
+# Slow start after Akiba et al. 2017: half the scaled LR for the first 40
+# epochs, then 0.075x, 0.01x and 0.001x. The paper summary we have does not
+# state the numbers; these are those of a public ChainerMN re-implementation
+# of the paper's recipe, and the warm-up in front of them is Goyal-like.
+SLOW_START_BOUNDARIES = (40.0, 70.0, 85.0)
+SLOW_START_MULTIPLIERS = (0.5, 0.075, 0.01, 0.001)
+
+
+def parse_batch_size_schedule(text: str) -> BatchSizeSchedule:
+  """Parses "0:16384,30:32768" into ((0, 16384), (30, 32768)).
+
+  Each item is start_epoch:global_batch (Mikami et al. 2018 batch-size
+  control); the first phase starts at epoch 0 and epochs increase.
+  """
+  pairs = []
+  for item in text.split(","):
+    fields = item.strip().split(":")
+    try:
+      epoch, batch = (int(f) for f in fields)
+    except ValueError:
+      raise ValueError(
+          f"--batch_size_schedule: expected comma-separated "
+          f"start_epoch:global_batch integers like '0:16384,30:32768', "
+          f"got item {item!r} in {text!r}") from None
+    pairs.append((epoch, batch))
+  schedule = tuple(pairs)
+  validate_batch_size_schedule(schedule)
+  return schedule
+
+
+def validate_batch_size_schedule(schedule: BatchSizeSchedule) -> None:
+  """Raises ValueError unless phases start at 0, increase and are > 0."""
+  if not schedule or schedule[0][0] != 0:
+    raise ValueError(
+        f"--batch_size_schedule: the first phase must start at epoch 0, got "
+        f"{schedule!r}")
+  epochs = [epoch for epoch, _ in schedule]
+  if any(b <= a for a, b in zip(epochs, epochs[1:])):
+    raise ValueError(
+        f"--batch_size_schedule: start epochs must strictly increase, got "
+        f"{schedule!r}")
+  if any(batch <= 0 for _, batch in schedule):
+    raise ValueError(
+        f"--batch_size_schedule: global batch sizes must be positive, got "
+        f"{schedule!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class EpochClock:
+  """Maps a global step to the epoch and the global batch of that step.
+
+  Phase i runs at batch B_i from epoch e_i for ceil((e_{i+1} - e_i) * N / B_i)
+  steps (N = images per epoch); inside it, epoch = e_i + (step - s_i) * B_i / N
+  where s_i is the phase's first step.
+  """
+  images_per_epoch: int
+  batch_size_schedule: BatchSizeSchedule
+
+  def __post_init__(self):
+    if self.images_per_epoch <= 0:
+      raise ValueError(
+          f"images_per_epoch must be positive, got {self.images_per_epoch}")
+    validate_batch_size_schedule(self.batch_size_schedule)
+
+  def phase_start_steps(self) -> tuple[int, ...]:
+    """The first global step of each batch-size phase."""
+    starts = [0]
+    for (epoch, batch), (next_epoch, _) in zip(self.batch_size_schedule,
+                                               self.batch_size_schedule[1:]):
+      images = (next_epoch - epoch) * self.images_per_epoch
+      starts.append(starts[-1] + math.ceil(images / batch))
+    return tuple(starts)
+
+  def _phase_at_step(self, step: int) -> int:
+    return max(i for i, start in enumerate(self.phase_start_steps())
+               if step >= start)
+
+  def global_batch_at_step(self, step: int) -> int:
+    """The global batch the input pipeline must deliver at `step`."""
+    return self.batch_size_schedule[self._phase_at_step(step)][1]
+
+  def steps_for_epochs(self, epochs: float) -> int:
+    """The number of steps after which `epochs` epochs have been seen."""
+    starts = self.phase_start_steps()
+    phase = max(i for i, (epoch, _) in enumerate(self.batch_size_schedule)
+                if epochs >= epoch)
+    start_epoch, batch = self.batch_size_schedule[phase]
+    images = (epochs - start_epoch) * self.images_per_epoch
+    return starts[phase] + math.ceil(images / batch)
+
+  def epoch(self, step):
+    """Fractional epoch at `step` (a scalar tensor), as float32."""
+    step = ops.cast(step, "float32")
+    result = ops.zeros((), "float32")
+    for start, (epoch, batch) in zip(self.phase_start_steps(),
+                                     self.batch_size_schedule):
+      in_phase = epoch + (step - start) * (batch / self.images_per_epoch)
+      result = ops.where(step >= start, in_phase, result)
+    return result
+
+  def global_batch(self, step):
+    """Global batch at `step` (a scalar tensor), as float32."""
+    step = ops.cast(step, "float32")
+    result = ops.zeros((), "float32")
+    for start, (_, batch) in zip(self.phase_start_steps(),
+                                 self.batch_size_schedule):
+      result = ops.where(step >= start, float(batch), result)
+    return result
+
+
+def _decay_in_epochs(decay: str, warmup_epochs: float, train_epochs: float,
+                     decay_power: float):
+  """The decay part as a Keras schedule whose "step" is an epoch count."""
+  if decay == "polynomial":
+    return keras.optimizers.schedules.PolynomialDecay(
+        1.0, train_epochs - warmup_epochs, end_learning_rate=0.0,
+        power=decay_power)
+  if decay == "cosine":
+    return keras.optimizers.schedules.CosineDecay(
+        1.0, train_epochs - warmup_epochs)
+  if decay == "step":
+    return keras.optimizers.schedules.PiecewiseConstantDecay(
+        list(STEP_BOUNDARIES), list(STEP_MULTIPLIERS))
+  if decay == "slow_start":
+    return keras.optimizers.schedules.PiecewiseConstantDecay(
+        list(SLOW_START_BOUNDARIES), list(SLOW_START_MULTIPLIERS))
+  return None
+
+
+def _validate(decay: str, warmup_epochs: float, train_epochs: float) -> None:
+  if decay not in SCHEDULES:
+    raise ValueError(
+        f"--lr_schedule must be one of {SCHEDULES}, got {decay!r}")
+  if warmup_epochs < 0:
+    raise ValueError(f"--warmup_epochs must be >= 0, got {warmup_epochs}")
+  if decay in ("polynomial", "cosine") and train_epochs <= warmup_epochs:
+    raise ValueError(
+        f"--train_epochs ({train_epochs}) must exceed --warmup_epochs "
+        f"({warmup_epochs}) for --lr_schedule={decay}")
+  boundaries = {"step": STEP_BOUNDARIES, "slow_start": SLOW_START_BOUNDARIES}
+  if decay in boundaries and warmup_epochs >= boundaries[decay][0]:
+    raise ValueError(
+        f"--warmup_epochs ({warmup_epochs}) must end before the first decay "
+        f"of --lr_schedule={decay} at epoch {boundaries[decay][0]}")
+
+
+@keras.saving.register_keras_serializable(package="resnet_tpu")
+class EpochSchedule(keras.optimizers.schedules.LearningRateSchedule):
+  """Linearly scaled LR with warm-up and decay, all measured in epochs.
+
+  LR(step) = base_learning_rate * B(step) / reference_batch_size
+             * min(1, epoch / warmup_epochs) * decay(epoch)
+
+  with B(step) the global batch of the step (linear scaling, Goyal et al.
+  2017 §2.1; Ying et al. 2018 §3). The warm-up ramps linearly from 0, as in
+  tensorflow/tpu. decay is one of:
+    polynomial: (1 - (epoch - w) / (T - w)) ** decay_power after warm-up
+      (power 2 in tensorflow/tpu's LARS runs), reaching 0 at train_epochs T;
+    cosine: 0.5 * (1 + cos(pi * (epoch - w) / (T - w))) after warm-up;
+    step: 1, 0.1, 0.01, 0.001 after epochs 30, 60, 80 (Goyal et al. 2017);
+    slow_start: 0.5, 0.075, 0.01, 0.001 after epochs 40, 70, 85 (Akiba et
+      al. 2017, see SLOW_START_BOUNDARIES for where the numbers come from);
+    constant: 1.
+  Piecewise decays switch on the first step strictly after a boundary.
+  """
+
+  def __init__(self, base_learning_rate: float, *, images_per_epoch: int,
+               batch_size_schedule: Sequence[Sequence[int]],
+               train_epochs: float, warmup_epochs: float, decay: str,
+               decay_power: float = 2.0, reference_batch_size: int = 256):
+    super().__init__()
+    _validate(decay, warmup_epochs, train_epochs)
+    self.base_learning_rate = float(base_learning_rate)
+    self.clock = EpochClock(
+        images_per_epoch, tuple(tuple(p) for p in batch_size_schedule))
+    self.train_epochs = float(train_epochs)
+    self.warmup_epochs = float(warmup_epochs)
+    self.decay = decay
+    self.decay_power = float(decay_power)
+    self.reference_batch_size = int(reference_batch_size)
+    self._decay_fn = _decay_in_epochs(decay, self.warmup_epochs,
+                                      self.train_epochs, self.decay_power)
+
+  def _warmup(self, epoch):
+    if self.warmup_epochs == 0:
+      return ops.ones((), "float32")
+    return ops.minimum(1.0, epoch / self.warmup_epochs)
+
+  def _decay(self, epoch):
+    if self._decay_fn is None:
+      return ops.ones((), "float32")
+    if self.decay in ("polynomial", "cosine"):
+      return self._decay_fn(ops.maximum(epoch - self.warmup_epochs, 0.0))
+    return self._decay_fn(epoch)
+
+  def __call__(self, step):
+    epoch = self.clock.epoch(step)
+    scaled = (self.base_learning_rate / self.reference_batch_size *
+              self.clock.global_batch(step))
+    return scaled * self._warmup(epoch) * self._decay(epoch)
+
+  def get_config(self) -> dict:
+    return {
+        "base_learning_rate": self.base_learning_rate,
+        "images_per_epoch": self.clock.images_per_epoch,
+        "batch_size_schedule": [list(p)
+                                for p in self.clock.batch_size_schedule],
+        "train_epochs": self.train_epochs,
+        "warmup_epochs": self.warmup_epochs,
+        "decay": self.decay,
+        "decay_power": self.decay_power,
+        "reference_batch_size": self.reference_batch_size,
+    }
