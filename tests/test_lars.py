@@ -6,6 +6,7 @@ import tensorflow as tf
 
 from conftest import cpu_strategy
 from resnet_tpu.lars import LARS, uses_layer_adaptation
+from resnet_tpu.optimizers import build_optimizer, weight_decay_in_loss
 
 MOMENTUM = 0.9
 WEIGHT_DECAY = 0.01
@@ -174,3 +175,24 @@ def test_config_round_trip_and_base_weight_decay_is_refused():
   assert LARS.from_config(config).get_config() == config
   with pytest.raises(ValueError, match="weight_decay_rate"):
     LARS(0.1, weight_decay=1e-4)
+
+
+def test_build_optimizer_lars_decays_in_the_update_momentum_in_the_loss():
+  lars = build_optimizer("lars", 0.1, momentum=0.8, nesterov=True,
+                         weight_decay=5e-5, lars_eta=0.002)
+  assert isinstance(lars, LARS)
+  assert (lars.momentum, lars.nesterov, lars.weight_decay_rate, lars.eta) == (
+      0.8, True, 5e-5, 0.002)
+  assert not weight_decay_in_loss("lars")
+
+  sgd = build_optimizer("momentum", 0.1, momentum=0.8, nesterov=True)
+  assert isinstance(sgd, keras.optimizers.SGD)
+  assert (sgd.momentum, sgd.nesterov, sgd.weight_decay) == (0.8, True, None)
+  assert weight_decay_in_loss("momentum")
+
+
+def test_unknown_optimizer_names_the_flag():
+  with pytest.raises(ValueError, match="--optimizer"):
+    build_optimizer("adam", 0.1)
+  with pytest.raises(ValueError, match="--optimizer"):
+    weight_decay_in_loss("adam")

@@ -7,8 +7,10 @@ import pytest
 import tensorflow as tf
 
 from conftest import cpu_strategy
+from resnet_tpu.optimizers import build_optimizer, weight_decay_in_loss
 from resnet_tpu.rmsprop_warmup import (RMSpropWarmup, SgdShareSchedule,
                                        sgd_share)
+from resnet_tpu.schedules import EpochClock
 
 LR, RMSPROP_LR, MOMENTUM, RHO, EPSILON = 0.05, 0.01, 0.9, 0.99, 1e-8
 # 40 images per epoch at batch 10: 4 steps per epoch. The transition centred
@@ -136,3 +138,25 @@ def test_config_round_trip_keeps_the_share_schedule():
   restored = RMSpropWarmup.from_config(config)
   assert restored.get_config() == config
   assert isinstance(restored.sgd_share, SgdShareSchedule)
+
+
+def test_build_optimizer_rmsprop_warmup_transitions_in_epochs_of_the_clock():
+  clock = EpochClock(40, ((0, 10),))
+  optimizer = build_optimizer(
+      "rmsprop_warmup", LR, momentum=MOMENTUM, rmsprop_learning_rate=0.02,
+      rmsprop_warmup_center_epochs=1.0, rmsprop_warmup_period_epochs=1.0,
+      clock=clock)
+  assert isinstance(optimizer, RMSpropWarmup)
+  assert optimizer.rmsprop_learning_rate == 0.02
+  assert float(optimizer.sgd_share(np.int64(4))) == pytest.approx(0.5)
+  assert float(optimizer.sgd_share(np.int64(FIRST_PURE_SGD_STEP))) == 1.0
+  assert weight_decay_in_loss("rmsprop_warmup")
+
+
+@pytest.mark.parametrize("kwargs,flag", [
+    ({}, "EpochClock"),
+    ({"clock": EpochClock(40, ((0, 10),)), "nesterov": True}, "--nesterov"),
+])
+def test_build_optimizer_rmsprop_warmup_rejects_bad_arguments(kwargs, flag):
+  with pytest.raises(ValueError, match=flag):
+    build_optimizer("rmsprop_warmup", LR, **kwargs)
