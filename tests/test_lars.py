@@ -145,7 +145,8 @@ def _model_and_optimizer():
 
 def _train(model, optimizer, steps):
   for step in range(steps):
-    grads = [tf.fill(v.shape, 0.1 * (step + 1)) for v in model.trainable_variables]
+    grads = [tf.fill(v.shape, 0.1 * (step + 1))
+             for v in model.trainable_variables]
     optimizer.apply_gradients(zip(grads, model.trainable_variables))
 
 

@@ -1,4 +1,4 @@
-"""Epoch-based LR schedules (Goyal 2017, Akiba 2017, Ying 2018 §3, Mikami 2018)."""
+"""Epoch-based LR schedules (Goyal, Akiba 2017; Ying 2018 §3; Mikami 2018)."""
 import math
 
 import keras
