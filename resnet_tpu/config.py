@@ -1,0 +1,134 @@
+"""The one validated, typed training configuration.
+
+main.py turns absl flags into a `TrainConfig`; library code takes it (or
+explicit arguments) and never reads FLAGS. `validate` runs before any
+strategy start-up, so a bad combination fails in milliseconds.
+"""
+import dataclasses
+import glob
+import os
+
+from resnet_tpu.model import LAYERS, MIN_IMAGE_SIZE
+
+PRECISIONS = ("float32", "bfloat16")
+STRATEGIES = ("auto", "tpu", "gpu", "cpu", "multi_worker")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """Everything a training run needs; field names match the flags."""
+  model_dir: str
+  data_dir: str = ""
+  use_synthetic_data: bool = False
+  # Model.
+  resnet_depth: int = 50
+  num_classes: int = 1000
+  image_size: int = 224
+  precision: str = "float32"
+  bn_group_size: int = 1
+  bn_momentum: float = 0.9
+  bn_epsilon: float = 1e-5
+  # Distribution.
+  strategy: str = "auto"
+  tpu: str = ""
+  num_cpu_replicas: int = 1
+  # Schedule of the run.
+  global_batch_size: int = 1024
+  eval_batch_size: int = 1024
+  train_steps: int = 0
+  train_epochs: float = 0.0
+  num_train_images: int = 1281167
+  num_eval_images: int = 0
+  steps_per_loop: int = 100
+  eval_every_steps: int = 0
+  checkpoint_every_steps: int = 0
+  keep_checkpoints: int = 5
+  # Optimisation.
+  base_learning_rate: float = 0.1
+  momentum: float = 0.9
+  label_smoothing: float = 0.1
+  weight_decay: float = 1e-4
+  seed: int = 0
+  # Input pipeline.
+  label_offset: int = 1
+  cache_dataset: bool = False
+  shuffle_buffer_size: int = 1024
+  private_threadpool_size: int = 0
+
+  @property
+  def steps_per_epoch(self) -> float:
+    return self.num_train_images / self.global_batch_size
+
+  @property
+  def total_train_steps(self) -> int:
+    """`train_steps` if set, else `train_epochs` converted to steps."""
+    if self.train_steps:
+      return self.train_steps
+    return max(1, round(self.train_epochs * self.steps_per_epoch))
+
+  @property
+  def compute_dtype(self) -> str:
+    return "bfloat16" if self.precision == "bfloat16" else "float32"
+
+
+def _check(ok: bool, message: str) -> None:
+  if not ok:
+    raise ValueError(message)
+
+
+def validate(cfg: TrainConfig, num_replicas: int | None = None) -> None:
+  """Raises ValueError naming the flag for any inconsistent setting.
+
+  `num_replicas` is checked when known (it is, for CPU replicas, before the
+  strategy starts); TPU/GPU replica counts are checked again after start-up.
+  """
+  _check(bool(cfg.model_dir), "--model_dir is required.")
+  _check(cfg.resnet_depth in LAYERS,
+         f"--resnet_depth must be one of {sorted(LAYERS)}, "
+         f"got {cfg.resnet_depth}.")
+  _check(cfg.image_size >= MIN_IMAGE_SIZE,
+         f"--image_size={cfg.image_size} is too small: ResNet downsamples by "
+         f"32, so it needs at least {MIN_IMAGE_SIZE}.")
+  _check(cfg.num_classes >= 2, f"--num_classes must be >= 2, "
+         f"got {cfg.num_classes}.")
+  _check(cfg.precision in PRECISIONS,
+         f"--precision must be one of {PRECISIONS}, got {cfg.precision!r}.")
+  _check(cfg.strategy in STRATEGIES,
+         f"--strategy must be one of {STRATEGIES}, got {cfg.strategy!r}.")
+  _check(cfg.num_cpu_replicas >= 1, "--num_cpu_replicas must be >= 1.")
+  _check(cfg.bn_group_size >= 1, "--bn_group_size must be >= 1.")
+  _check(cfg.global_batch_size >= 1, "--global_batch_size must be >= 1.")
+  _check(cfg.eval_batch_size >= 1, "--eval_batch_size must be >= 1.")
+  _check(cfg.train_steps > 0 or cfg.train_epochs > 0,
+         "Set --train_steps or --train_epochs (> 0).")
+  _check(cfg.steps_per_loop >= 1, "--steps_per_loop must be >= 1.")
+  _check(0.0 <= cfg.label_smoothing < 1.0,
+         "--label_smoothing must be in [0, 1).")
+  _check(cfg.weight_decay >= 0, "--weight_decay must be >= 0.")
+  _check(cfg.keep_checkpoints >= 1, "--keep_checkpoints must be >= 1.")
+  if not cfg.use_synthetic_data:
+    _check(bool(cfg.data_dir),
+           "--data_dir is required unless --use_synthetic_data is set.")
+    _check(cfg.data_dir.startswith("gs://") or os.path.isdir(cfg.data_dir),
+           f"--data_dir={cfg.data_dir!r} is not a directory.")
+    if not cfg.data_dir.startswith("gs://"):
+      for split in ("train", "validation"):
+        _check(bool(glob.glob(os.path.join(cfg.data_dir, f"{split}-*"))),
+               f"--data_dir={cfg.data_dir!r} holds no '{split}-*' TFRecord "
+               "files (expected imagenet_to_gcs layout, e.g. "
+               f"{split}-00000-of-00004).")
+  if num_replicas is not None:
+    validate_replicas(cfg, num_replicas)
+
+
+def validate_replicas(cfg: TrainConfig, num_replicas: int) -> None:
+  """Checks the batch and BN-group sizes against the replica count."""
+  _check(cfg.global_batch_size % num_replicas == 0,
+         f"--global_batch_size={cfg.global_batch_size} must be divisible by "
+         f"the number of replicas ({num_replicas}).")
+  _check(cfg.eval_batch_size % num_replicas == 0,
+         f"--eval_batch_size={cfg.eval_batch_size} must be divisible by the "
+         f"number of replicas ({num_replicas}).")
+  _check(num_replicas % cfg.bn_group_size == 0,
+         f"--bn_group_size={cfg.bn_group_size} must divide the number of "
+         f"replicas ({num_replicas}).")

@@ -1,0 +1,54 @@
+"""The run's metrics log: `<model_dir>/metrics.jsonl`, one JSON object a line.
+
+Each line has at least step, split ("train"|"eval"), loss, top1, top5,
+examples, images_per_sec and elapsed_s; TensorBoard gets the same scalars.
+"""
+import json
+import os
+
+import tensorflow as tf
+
+REQUIRED_KEYS = ("step", "split", "loss", "top1", "top5", "examples",
+                 "images_per_sec", "elapsed_s")
+
+
+class MetricsLog:
+  """Appends metric records to metrics.jsonl and TensorBoard summaries."""
+
+  def __init__(self, model_dir: str, enabled: bool = True):
+    self.enabled = enabled
+    if enabled:
+      tf.io.gfile.makedirs(model_dir)
+    self.path = os.path.join(model_dir, "metrics.jsonl")
+    self._writers = {}
+    self._model_dir = model_dir
+
+  def _writer(self, split: str):
+    if split not in self._writers:
+      self._writers[split] = tf.summary.create_file_writer(
+          os.path.join(self._model_dir, split))
+    return self._writers[split]
+
+  def write(self, record: dict) -> None:
+    missing = [k for k in REQUIRED_KEYS if k not in record]
+    if missing:
+      raise ValueError(f"metrics record lacks {missing}: {record}")
+    if not self.enabled:
+      return
+    with tf.io.gfile.GFile(self.path, "a") as f:
+      f.write(json.dumps(record) + "\n")
+    with self._writer(record["split"]).as_default(step=record["step"]):
+      for key, value in record.items():
+        if key not in ("step", "split") and isinstance(value, (int, float)):
+          tf.summary.scalar(key, value)
+
+  def flush(self) -> None:
+    for writer in self._writers.values():
+      writer.flush()
+
+
+def read_metrics(model_dir: str) -> list[dict]:
+  """All records of `<model_dir>/metrics.jsonl`, in order."""
+  path = os.path.join(model_dir, "metrics.jsonl")
+  with tf.io.gfile.GFile(path) as f:
+    return [json.loads(line) for line in f if line.strip()]

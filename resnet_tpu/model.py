@@ -1,0 +1,135 @@
+"""ResNet v1.5 (Goyal et al. 2017, as trained by Ying et al. 2018, §4).
+
+Differences from the original ResNet v1 that matter for large-batch training:
+- the stride-2 downsampling sits on the 3x3 conv of the bottleneck (v1.5);
+- the last BN of each residual block starts with gamma = 0, so every block
+  begins as the identity (Goyal et al. §5.1);
+- He-normal conv initialisation, no conv biases (BN follows every conv).
+
+Every BatchNormalization is a DistributedBatchNormalization (§3.1). Input
+normalisation happens inside the model, so the input pipeline and the
+exported SavedModel both feed raw 0..255 pixels. Under the `mixed_bfloat16`
+policy convs and activations run in bfloat16; BN statistics and the logits
+stay in float32.
+"""
+import keras
+
+from resnet_tpu.distributed_batch_norm import DistributedBatchNormalization
+
+# ImageNet channel statistics on the 0..255 scale.
+MEAN_RGB = (0.485 * 255, 0.456 * 255, 0.406 * 255)
+STDDEV_RGB = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+
+# depth -> (block kind, blocks per stage)
+LAYERS = {
+    18: ("basic", (2, 2, 2, 2)),
+    34: ("basic", (3, 4, 6, 3)),
+    50: ("bottleneck", (3, 4, 6, 3)),
+    101: ("bottleneck", (3, 4, 23, 3)),
+    152: ("bottleneck", (3, 8, 36, 3)),
+    200: ("bottleneck", (3, 24, 36, 3)),
+}
+# The network downsamples by 32; below this the last stage sees < 1 pixel.
+MIN_IMAGE_SIZE = 32
+
+
+def _conv(x, filters: int, kernel: int, strides: int, name: str):
+  if strides > 1 and kernel > 1:
+    # Fixed padding, independent of the input size (as tensorflow/tpu does).
+    pad = kernel - 1
+    x = keras.layers.ZeroPadding2D(((pad // 2, pad - pad // 2),) * 2,
+                                   name=name + "_pad")(x)
+  return keras.layers.Conv2D(
+      filters, kernel, strides=strides,
+      padding="valid" if strides > 1 and kernel > 1 else "same",
+      use_bias=False, kernel_initializer="he_normal", name=name)(x)
+
+
+def _bn(x, group_size: int, name: str, zero_gamma: bool = False,
+        momentum: float = 0.9, epsilon: float = 1e-5):
+  return DistributedBatchNormalization(
+      group_size=group_size, momentum=momentum, epsilon=epsilon,
+      gamma_initializer="zeros" if zero_gamma else "ones", name=name)(x)
+
+
+def bottleneck_block(x, filters: int, strides: int, group_size: int,
+                     name: str, bn_args: dict):
+  """1x1 -> 3x3 (stride here: v1.5) -> 1x1 x4, projection when shapes change."""
+  shortcut = x
+  if strides > 1 or x.shape[-1] != 4 * filters:
+    shortcut = _conv(x, 4 * filters, 1, strides, name + "_proj")
+    shortcut = _bn(shortcut, group_size, name + "_proj_bn", **bn_args)
+  y = _conv(x, filters, 1, 1, name + "_conv1")
+  y = keras.layers.ReLU(name=name + "_relu1")(
+      _bn(y, group_size, name + "_bn1", **bn_args))
+  y = _conv(y, filters, 3, strides, name + "_conv2")
+  y = keras.layers.ReLU(name=name + "_relu2")(
+      _bn(y, group_size, name + "_bn2", **bn_args))
+  y = _conv(y, 4 * filters, 1, 1, name + "_conv3")
+  y = _bn(y, group_size, name + "_bn3", zero_gamma=True, **bn_args)
+  return keras.layers.ReLU(name=name + "_out")(
+      keras.layers.Add(name=name + "_add")([shortcut, y]))
+
+
+def basic_block(x, filters: int, strides: int, group_size: int, name: str,
+                bn_args: dict):
+  """3x3 -> 3x3, projection shortcut when shapes change (ResNet-18/34)."""
+  shortcut = x
+  if strides > 1 or x.shape[-1] != filters:
+    shortcut = _conv(x, filters, 1, strides, name + "_proj")
+    shortcut = _bn(shortcut, group_size, name + "_proj_bn", **bn_args)
+  y = _conv(x, filters, 3, strides, name + "_conv1")
+  y = keras.layers.ReLU(name=name + "_relu1")(
+      _bn(y, group_size, name + "_bn1", **bn_args))
+  y = _conv(y, filters, 3, 1, name + "_conv2")
+  y = _bn(y, group_size, name + "_bn2", zero_gamma=True, **bn_args)
+  return keras.layers.ReLU(name=name + "_out")(
+      keras.layers.Add(name=name + "_add")([shortcut, y]))
+
+
+def stack(x, block, filters: int, blocks: int, strides: int, group_size: int,
+          name: str, bn_args: dict):
+  """One stage: the first block downsamples, the rest keep the shape."""
+  for i in range(blocks):
+    x = block(x, filters, strides if i == 0 else 1, group_size,
+              f"{name}_block{i + 1}", bn_args)
+  return x
+
+
+def build_resnet(depth: int = 50, num_classes: int = 1000,
+                 image_size: int = 224, bn_group_size: int = 1,
+                 bn_momentum: float = 0.9,
+                 bn_epsilon: float = 1e-5) -> keras.Model:
+  """ResNet v1.5 of `depth` taking raw 0..255 RGB images, returning logits.
+
+  The dtype policy in force (keras.mixed_precision) decides the compute
+  dtype; call this under `mixed_bfloat16` for bfloat16 training.
+  """
+  if depth not in LAYERS:
+    raise ValueError(f"--resnet_depth must be one of {sorted(LAYERS)}, "
+                     f"got {depth}.")
+  if image_size < MIN_IMAGE_SIZE:
+    raise ValueError(f"--image_size={image_size} is too small: ResNet "
+                     f"downsamples by 32, so it needs >= {MIN_IMAGE_SIZE}.")
+  kind, blocks = LAYERS[depth]
+  block = bottleneck_block if kind == "bottleneck" else basic_block
+  bn_args = {"momentum": bn_momentum, "epsilon": bn_epsilon}
+
+  inputs = keras.Input((image_size, image_size, 3), name="images")
+  x = keras.layers.Normalization(
+      mean=MEAN_RGB, variance=[s * s for s in STDDEV_RGB], dtype="float32",
+      name="normalize")(inputs)
+  x = _conv(x, 64, 7, 2, "stem_conv")
+  x = keras.layers.ReLU(name="stem_relu")(
+      _bn(x, bn_group_size, "stem_bn", **bn_args))
+  x = keras.layers.ZeroPadding2D(1, name="stem_pool_pad")(x)
+  x = keras.layers.MaxPooling2D(3, strides=2, name="stem_pool")(x)
+  for stage, (filters, n) in enumerate(zip((64, 128, 256, 512), blocks)):
+    x = stack(x, block, filters, n, 1 if stage == 0 else 2, bn_group_size,
+              f"stage{stage + 1}", bn_args)
+  x = keras.layers.GlobalAveragePooling2D(name="avg_pool")(x)
+  logits = keras.layers.Dense(
+      num_classes, dtype="float32",
+      kernel_initializer=keras.initializers.RandomNormal(stddev=0.01),
+      name="logits")(x)
+  return keras.Model(inputs, logits, name=f"resnet{depth}_v1_5")

@@ -1,0 +1,71 @@
+"""Picks the tf.distribute strategy: TPU, GPUs, multi-worker, or CPU replicas.
+
+All strategies share one interface for the rest of the code: the trainer only
+sees `strategy.num_replicas_in_sync`, `strategy.scope()`, `strategy.run`.
+"""
+import json
+import os
+
+from absl import logging
+import tensorflow as tf
+
+
+def configure_cpu_replicas(num_replicas: int) -> list[str]:
+  """Splits the host CPU into `num_replicas` logical devices.
+
+  Must run before TensorFlow initialises its devices.
+  """
+  cpu = tf.config.list_physical_devices("CPU")[0]
+  existing = tf.config.get_logical_device_configuration(cpu)
+  if not existing or len(existing) < num_replicas:
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * num_replicas)
+  return [f"/cpu:{i}" for i in range(num_replicas)]
+
+
+def _tpu_strategy(tpu: str) -> tf.distribute.Strategy:
+  resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
+  tf.config.experimental_connect_to_cluster(resolver)
+  tf.tpu.experimental.initialize_tpu_system(resolver)
+  return tf.distribute.TPUStrategy(resolver)
+
+
+def resolve_kind(kind: str, tpu: str) -> str:
+  """Turns `auto` into a concrete kind: tpu if named, else gpu, else cpu."""
+  if kind != "auto":
+    return kind
+  if tpu:
+    return "tpu"
+  if "TF_CONFIG" in os.environ:
+    return "multi_worker"
+  if tf.config.list_physical_devices("GPU"):
+    return "gpu"
+  return "cpu"
+
+
+def create_strategy(kind: str = "auto", tpu: str = "",
+                    num_cpu_replicas: int = 1) -> tf.distribute.Strategy:
+  """Builds the strategy for `--strategy`/`--tpu`/`--num_cpu_replicas`."""
+  kind = resolve_kind(kind, tpu)
+  if kind == "tpu":
+    strategy = _tpu_strategy(tpu or "local")
+  elif kind == "gpu":
+    gpus = tf.config.list_logical_devices("GPU")
+    if not gpus:
+      raise ValueError("--strategy=gpu but TensorFlow sees no GPU.")
+    strategy = tf.distribute.MirroredStrategy([d.name for d in gpus])
+  elif kind == "multi_worker":
+    if "TF_CONFIG" not in os.environ:
+      raise ValueError("--strategy=multi_worker needs the TF_CONFIG "
+                       "environment variable (cluster and task).")
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+  elif kind == "cpu":
+    strategy = tf.distribute.MirroredStrategy(
+        configure_cpu_replicas(num_cpu_replicas))
+  else:
+    raise ValueError(f"Unknown --strategy={kind!r}.")
+  logging.info("Strategy %s with %d replicas%s", type(strategy).__name__,
+               strategy.num_replicas_in_sync,
+               f" (TF_CONFIG task {json.loads(os.environ['TF_CONFIG'])['task']})"
+               if kind == "multi_worker" else "")
+  return strategy

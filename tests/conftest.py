@@ -1,0 +1,25 @@
+"""Test session set-up: 8 virtual CPU devices, configured before TF initialises.
+
+Every test that needs N replicas builds MirroredStrategy over the first N of
+these devices, so replica contexts and collectives run for real on CPU.
+"""
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import tensorflow as tf  # noqa: E402
+
+NUM_VIRTUAL_CPUS = 8
+
+_cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(
+    _cpu, [tf.config.LogicalDeviceConfiguration()] * NUM_VIRTUAL_CPUS)
+
+
+def cpu_strategy(num_replicas: int) -> tf.distribute.MirroredStrategy:
+  """MirroredStrategy over the first `num_replicas` virtual CPUs."""
+  # Each strategy numbers its collectives from the same base key; shift it
+  # (as TF's strategy_combinations does) so two strategies never collide.
+  tf.distribute.MirroredStrategy._collective_key_base += 100000
+  return tf.distribute.MirroredStrategy(
+      [f"/cpu:{i}" for i in range(num_replicas)])
