@@ -9,6 +9,10 @@ import glob
 import os
 
 from resnet_tpu.model import LAYERS, MIN_IMAGE_SIZE
+from resnet_tpu.optimizers import OPTIMIZERS
+from resnet_tpu.schedules import EpochClock
+from resnet_tpu.schedules import parse_batch_size_schedule
+from resnet_tpu.schedules import SCHEDULES
 
 PRECISIONS = ("float32", "bfloat16")
 STRATEGIES = ("auto", "tpu", "gpu", "cpu", "multi_worker")
@@ -43,9 +47,20 @@ class TrainConfig:
   eval_every_steps: int = 0
   checkpoint_every_steps: int = 0
   keep_checkpoints: int = 5
+  batch_size_schedule: str = ""
   # Optimisation.
+  optimizer: str = "momentum"
   base_learning_rate: float = 0.1
+  lr_schedule: str = "step"
+  warmup_epochs: float = 5.0
+  lr_decay_power: float = 2.0
   momentum: float = 0.9
+  nesterov: bool = False
+  lars_eta: float = 0.001
+  lars_epsilon: float = 0.0
+  rmsprop_learning_rate: float = 3e-4
+  rmsprop_warmup_center_epochs: float = 10.0
+  rmsprop_warmup_period_epochs: float = 5.0
   label_smoothing: float = 0.1
   weight_decay: float = 1e-4
   seed: int = 0
@@ -54,17 +69,33 @@ class TrainConfig:
   cache_dataset: bool = False
   shuffle_buffer_size: int = 1024
   private_threadpool_size: int = 0
+  parallel_interleave: bool = True
+  parallel_map: bool = True
+  fused_decode_crop: bool = True
+  prefetch: bool = True
+  deterministic_input: bool = False
 
   @property
-  def steps_per_epoch(self) -> float:
-    return self.num_train_images / self.global_batch_size
+  def clock(self) -> EpochClock:
+    """Maps steps to epochs and global batches (batch-size control)."""
+    schedule = (parse_batch_size_schedule(self.batch_size_schedule)
+                if self.batch_size_schedule else
+                ((0, self.global_batch_size),))
+    return EpochClock(self.num_train_images, schedule)
 
   @property
   def total_train_steps(self) -> int:
     """`train_steps` if set, else `train_epochs` converted to steps."""
     if self.train_steps:
       return self.train_steps
-    return max(1, round(self.train_epochs * self.steps_per_epoch))
+    return max(1, self.clock.steps_for_epochs(self.train_epochs))
+
+  @property
+  def total_train_epochs(self) -> float:
+    """`train_epochs` if set, else the epochs `train_steps` cover."""
+    if self.train_epochs:
+      return self.train_epochs
+    return float(self.clock.epoch(self.train_steps))
 
   @property
   def compute_dtype(self) -> str:
@@ -106,6 +137,17 @@ def validate(cfg: TrainConfig, num_replicas: int | None = None) -> None:
          "--label_smoothing must be in [0, 1).")
   _check(cfg.weight_decay >= 0, "--weight_decay must be >= 0.")
   _check(cfg.keep_checkpoints >= 1, "--keep_checkpoints must be >= 1.")
+  _check(cfg.optimizer in OPTIMIZERS,
+         f"--optimizer must be one of {OPTIMIZERS}, got {cfg.optimizer!r}.")
+  _check(cfg.lr_schedule in SCHEDULES,
+         f"--lr_schedule must be one of {SCHEDULES}, got {cfg.lr_schedule!r}.")
+  _check(cfg.warmup_epochs >= 0, "--warmup_epochs must be >= 0.")
+  if cfg.batch_size_schedule:
+    for _, batch in parse_batch_size_schedule(cfg.batch_size_schedule):
+      _check(batch % cfg.global_batch_size == 0,
+             f"--batch_size_schedule batch {batch} must be a multiple of "
+             f"--global_batch_size={cfg.global_batch_size} (the micro-batch "
+             "that is accumulated).")
   if not cfg.use_synthetic_data:
     _check(bool(cfg.data_dir),
            "--data_dir is required unless --use_synthetic_data is set.")

@@ -20,6 +20,8 @@ import tensorflow as tf
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.metrics_log import MetricsLog
 from resnet_tpu.model import build_resnet
+from resnet_tpu import optimizers
+from resnet_tpu.schedules import EpochSchedule
 
 DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
 # Per-step sums reduced over replicas: loss, top-1 hits, top-5 hits, examples.
@@ -43,6 +45,24 @@ def build_model(cfg: TrainConfig) -> keras.Model:
   with dtype_policy(cfg.precision):
     return build_resnet(cfg.resnet_depth, cfg.num_classes, cfg.image_size,
                         cfg.bn_group_size, cfg.bn_momentum, cfg.bn_epsilon)
+
+
+def build_optimizer(cfg: TrainConfig) -> keras.optimizers.Optimizer:
+  """The optimizer of `cfg` with its epoch-based LR schedule."""
+  clock = cfg.clock
+  learning_rate = EpochSchedule(
+      cfg.base_learning_rate, images_per_epoch=cfg.num_train_images,
+      batch_size_schedule=clock.batch_size_schedule,
+      train_epochs=cfg.total_train_epochs, warmup_epochs=cfg.warmup_epochs,
+      decay=cfg.lr_schedule, decay_power=cfg.lr_decay_power)
+  return optimizers.build_optimizer(
+      cfg.optimizer, learning_rate, momentum=cfg.momentum,
+      nesterov=cfg.nesterov, weight_decay=cfg.weight_decay,
+      lars_eta=cfg.lars_eta, lars_epsilon=cfg.lars_epsilon,
+      rmsprop_learning_rate=cfg.rmsprop_learning_rate,
+      rmsprop_warmup_center_epochs=cfg.rmsprop_warmup_center_epochs,
+      rmsprop_warmup_period_epochs=cfg.rmsprop_warmup_period_epochs,
+      clock=clock)
 
 
 def decayed_variables(model: keras.Model) -> list[tf.Variable]:
@@ -78,22 +98,23 @@ class LoopResult:
 class Trainer:
   """Owns model, optimizer and checkpoints; runs training and evaluation."""
 
-  def __init__(self, cfg: TrainConfig, strategy: tf.distribute.Strategy,
-               optimizer_fn: Callable[[], keras.optimizers.Optimizer]
-               | None = None,
-               weight_decay_in_loss: bool = True):
+  def __init__(self, cfg: TrainConfig, strategy: tf.distribute.Strategy):
     self.cfg = cfg
     self.strategy = strategy
     self.num_replicas = strategy.num_replicas_in_sync
     self.chief = is_chief(strategy)
+    self.clock = cfg.clock
     with strategy.scope():
       self.model = build_model(cfg)
-      self.optimizer = (optimizer_fn or self._default_optimizer)()
+      self.optimizer = build_optimizer(cfg)
       # Built explicitly before the first traced step (slots must exist as
       # distributed variables, not be created inside a replica function).
       self.optimizer.build(self.model.trainable_variables)
+      self._accumulators = (self._make_accumulators()
+                            if cfg.batch_size_schedule else [])
+    in_loss = optimizers.weight_decay_in_loss(cfg.optimizer)
     self._decayed = (decayed_variables(self.model)
-                     if weight_decay_in_loss and cfg.weight_decay else [])
+                     if in_loss and cfg.weight_decay else [])
     self.checkpoint = tf.train.Checkpoint(model=self.model,
                                           optimizer=self.optimizer)
     self.manager = tf.train.CheckpointManager(
@@ -101,9 +122,16 @@ class Trainer:
         max_to_keep=cfg.keep_checkpoints)
     self.metrics = MetricsLog(cfg.model_dir, enabled=self.chief)
 
-  def _default_optimizer(self) -> keras.optimizers.Optimizer:
-    lr = self.cfg.base_learning_rate * self.cfg.global_batch_size / 256
-    return keras.optimizers.SGD(lr, momentum=self.cfg.momentum)
+  def _make_accumulators(self) -> list[tf.Variable]:
+    """Per-replica gradient sums for batch-size control (never summed)."""
+    return [tf.Variable(tf.zeros_like(v), trainable=False,
+                        synchronization=tf.VariableSynchronization.ON_READ,
+                        aggregation=tf.VariableAggregation.SUM)
+            for v in self.model.trainable_variables]
+
+  def accumulation_steps(self, step: int) -> int:
+    """Micro-batches per optimizer step at `step` (Mikami et al.)."""
+    return self.clock.global_batch_at_step(step) // self.cfg.global_batch_size
 
   def _checkpoint_dir(self) -> str:
     if self.chief:
@@ -142,20 +170,40 @@ class Trainer:
     top5 = tf.cast(tf.math.in_top_k(labels, logits, 5), tf.float32)
     return per_example, top1, top5
 
-  def _train_step(self, images, labels):
+  def _gradients(self, images, labels, micro_batches=1):
+    """Per-replica gradients of the loss of one (micro-)batch."""
     with tf.GradientTape() as tape:
       logits = self.model(images, training=True)
       per_example, top1, top5 = self._losses_and_hits(logits, labels)
       # Scaled by the GLOBAL batch: the optimizer sums over replicas.
-      loss = tf.reduce_sum(per_example) / self.cfg.global_batch_size
+      scale = tf.cast(self.cfg.global_batch_size * micro_batches, tf.float32)
+      loss = tf.reduce_sum(per_example) / scale
       if self._decayed:
         l2 = tf.add_n([tf.nn.l2_loss(v) for v in self._decayed])
-        loss += self.cfg.weight_decay * l2 / self.num_replicas
+        loss += (self.cfg.weight_decay * l2 /
+                 tf.cast(self.num_replicas * micro_batches, tf.float32))
     grads = tape.gradient(loss, self.model.trainable_variables)
-    self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
     n = tf.cast(tf.size(labels), tf.float32)
-    return tf.stack([tf.reduce_sum(per_example), tf.reduce_sum(top1),
+    sums = tf.stack([tf.reduce_sum(per_example), tf.reduce_sum(top1),
                      tf.reduce_sum(top5), n])
+    return grads, sums
+
+  def _train_step(self, images, labels):
+    grads, sums = self._gradients(images, labels)
+    self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+    return sums
+
+  def _accumulate_step(self, images, labels, micro_batches):
+    grads, sums = self._gradients(images, labels, micro_batches)
+    for acc, grad in zip(self._accumulators, grads):
+      acc.assign_add(grad)
+    return sums
+
+  def _apply_accumulated(self):
+    grads = [acc.read_value() for acc in self._accumulators]
+    self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+    for acc in self._accumulators:
+      acc.assign(tf.zeros_like(acc))
 
   def _eval_step(self, images, labels, mask):
     logits = self.model(images, training=False)
@@ -175,6 +223,26 @@ class Trainer:
       per_replica = self.strategy.run(self._train_step, args=next(iterator))
       sums += self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica,
                                    axis=None)
+    return sums
+
+  @tf.function
+  def accumulating_train_loop(self, iterator: Iterator, num_steps: tf.Tensor,
+                              micro_batches: tf.Tensor) -> tf.Tensor:
+    """Like train_loop, each step summing `micro_batches` micro-batches.
+
+    Batch-size control (Mikami et al. 2018) without new shapes: the input
+    batch stays fixed and a larger global batch is `micro_batches` of them,
+    BN statistics still per micro-batch. `micro_batches` is a tensor, so a
+    batch-size change does not retrace.
+    """
+    sums = tf.zeros([NUM_SUMS])
+    for _ in tf.range(num_steps):
+      for _ in tf.range(micro_batches):
+        per_replica = self.strategy.run(
+            self._accumulate_step, args=next(iterator) + (micro_batches,))
+        sums += self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica,
+                                     axis=None)
+      self.strategy.run(self._apply_accumulated)
     return sums
 
   @tf.function
@@ -225,15 +293,23 @@ class Trainer:
     ckpt_every = cfg.checkpoint_every_steps or eval_every
     last = {}
     start_step = step
+    phase_starts = self.clock.phase_start_steps()
     while step < total:
-      n = min(cfg.steps_per_loop, total - step,
+      next_phase = min([s for s in phase_starts if s > step] + [total])
+      n = min(cfg.steps_per_loop, next_phase - step,
               eval_every - step % eval_every, ckpt_every - step % ckpt_every)
+      micro_batches = self.accumulation_steps(step)
       t0 = time.time()
-      sums = self.train_loop(train_iter, tf.constant(n))
+      if micro_batches == 1:
+        sums = self.train_loop(train_iter, tf.constant(n))
+      else:
+        sums = self.accumulating_train_loop(train_iter, tf.constant(n),
+                                            tf.constant(micro_batches))
       result = LoopResult.from_sums(sums)  # blocks until the loop is done
       seconds = time.time() - t0
       step = self.step
-      last = self._log_train(result, n, seconds, step, start_step, total)
+      last = self._log_train(result, n * micro_batches, seconds, step,
+                             start_step, total)
       if step % ckpt_every == 0 or step == total:
         self.save()
       if eval_dataset is not None and (step % eval_every == 0 or
@@ -242,12 +318,12 @@ class Trainer:
     self.metrics.flush()
     return last
 
-  def _log_train(self, result: LoopResult, n: int, seconds: float, step: int,
-                 start_step: int, total: int) -> dict:
+  def _log_train(self, result: LoopResult, batches: int, seconds: float,
+                 step: int, start_step: int, total: int) -> dict:
     elapsed = time.time() - self._start_time
     done = step - start_step
     eta = elapsed / done * (total - step) if done else math.nan
-    images_per_sec = n * self.cfg.global_batch_size / seconds
+    images_per_sec = batches * self.cfg.global_batch_size / seconds
     lr = float(tf.convert_to_tensor(self.optimizer.learning_rate))
     record = {"step": step, "split": "train", "loss": result.loss,
               "top1": result.top1, "top5": result.top5,

@@ -1,0 +1,25 @@
+"""Trains ResNet on ImageNet-format TFRecords: `python main.py --flagfile=...`.
+
+Flags are defined in resnet_tpu/flags.py; see README.md for the reference.
+"""
+from absl import app
+from absl import flags
+from absl import logging
+
+from resnet_tpu import flags as resnet_flags
+from resnet_tpu.run import run
+
+resnet_flags.define_flags()
+FLAGS = flags.FLAGS
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  cfg = resnet_flags.config_from_flags(FLAGS)
+  result = run(cfg)
+  logging.info("Final: %s", result)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,105 @@
+"""absl flag definitions: one flag per TrainConfig field, same name.
+
+Defaults come from TrainConfig, so the two cannot drift apart. Only main.py
+parses flags; `config_from_flags` turns the parsed values into a TrainConfig.
+"""
+import dataclasses
+
+from absl import flags
+
+from resnet_tpu.config import PRECISIONS
+from resnet_tpu.config import STRATEGIES
+from resnet_tpu.config import TrainConfig
+from resnet_tpu.optimizers import OPTIMIZERS
+from resnet_tpu.schedules import SCHEDULES
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)
+             if f.default is not dataclasses.MISSING}
+
+HELP = {
+    "model_dir": "Where checkpoints, TensorBoard logs and metrics.jsonl go.",
+    "data_dir": "Folder (or gs:// path) of train-*/validation-* TFRecords in "
+                "the imagenet_to_gcs format.",
+    "use_synthetic_data": "Feed a constant random batch: measures the model "
+                          "without any input pipeline.",
+    "resnet_depth": "ResNet depth: 18, 34, 50, 101, 152 or 200.",
+    "num_classes": "Number of classes (1000 for ImageNet).",
+    "image_size": "Training and eval image side in pixels.",
+    "precision": "float32 or bfloat16 (convs/activations in bfloat16; BN "
+                 "statistics and logits in float32).",
+    "bn_group_size": "Replicas whose batch statistics are pooled by "
+                     "distributed BN (Ying et al. §3.1); 1 = local BN.",
+    "bn_momentum": "Moving-average momentum of the BN statistics.",
+    "bn_epsilon": "BN variance epsilon.",
+    "strategy": "auto, tpu, gpu, cpu (virtual CPU replicas) or multi_worker "
+                "(MultiWorkerMirroredStrategy from TF_CONFIG).",
+    "tpu": "TPU name or 'local' on a TPU VM; implies --strategy=tpu.",
+    "num_cpu_replicas": "Virtual CPU replicas for --strategy=cpu.",
+    "global_batch_size": "Images per training step over all replicas (the "
+                         "micro-batch when --batch_size_schedule is set).",
+    "eval_batch_size": "Images per eval step over all replicas.",
+    "train_steps": "Training steps; overrides --train_epochs when > 0.",
+    "train_epochs": "Training epochs of --num_train_images images.",
+    "num_train_images": "Images in one training epoch (ImageNet: 1281167).",
+    "num_eval_images": "Validation images; 0 = count the records.",
+    "steps_per_loop": "Training steps per host call (TPU host loop).",
+    "eval_every_steps": "Evaluate every N steps; 0 = only at the end.",
+    "checkpoint_every_steps": "Checkpoint every N steps; 0 = at each eval.",
+    "keep_checkpoints": "Checkpoints kept in --model_dir.",
+    "batch_size_schedule": "Batch-size control (Mikami et al.): "
+                           "'start_epoch:global_batch,...', each batch a "
+                           "multiple of --global_batch_size (accumulated).",
+    "optimizer": f"One of {OPTIMIZERS}.",
+    "base_learning_rate": "LR per 256 images (linear scaling rule).",
+    "lr_schedule": f"Decay after warm-up, in epochs: one of {SCHEDULES}.",
+    "warmup_epochs": "Linear LR warm-up from 0, in epochs.",
+    "lr_decay_power": "Power of the polynomial decay.",
+    "momentum": "Momentum of SGD, LARS and RMSprop warm-up.",
+    "nesterov": "Nesterov momentum (momentum and lars).",
+    "lars_eta": "LARS trust coefficient.",
+    "lars_epsilon": "Added to the LARS trust-ratio denominator.",
+    "rmsprop_learning_rate": "LR of the RMSprop part of rmsprop_warmup.",
+    "rmsprop_warmup_center_epochs": "Epoch where RMSprop warm-up is half "
+                                    "SGD.",
+    "rmsprop_warmup_period_epochs": "Pure momentum SGD from center + "
+                                    "period/2 epochs on.",
+    "label_smoothing": "Label smoothing of the cross-entropy.",
+    "weight_decay": "L2 weight decay of conv/dense kernels (inside the "
+                    "update for LARS).",
+    "seed": "Random seed of initialisation and input order.",
+    "label_offset": "Subtracted from stored labels (imagenet_to_gcs: 1).",
+    "cache_dataset": "Cache the raw training records in memory.",
+    "shuffle_buffer_size": "Training shuffle buffer, in records.",
+    "private_threadpool_size": "tf.data private thread pool; 0 = default.",
+    "parallel_interleave": "Read TFRecord files in parallel.",
+    "parallel_map": "Parse and decode records in parallel.",
+    "fused_decode_crop": "Decode only the crop window of each JPEG.",
+    "prefetch": "Prefetch batches to overlap input and training.",
+    "deterministic_input": "Deterministic input order (slower).",
+}
+
+_ENUMS = {"precision": PRECISIONS, "strategy": STRATEGIES,
+          "optimizer": OPTIMIZERS, "lr_schedule": SCHEDULES}
+
+
+def define_flags() -> None:
+  """Defines one absl flag per TrainConfig field."""
+  for field in dataclasses.fields(TrainConfig):
+    name, help_text = field.name, HELP[field.name]
+    default = _DEFAULTS.get(name)
+    if name in _ENUMS:
+      flags.DEFINE_enum(name, default, _ENUMS[name], help_text)
+    elif field.type is bool:
+      flags.DEFINE_bool(name, default, help_text)
+    elif field.type is int:
+      flags.DEFINE_integer(name, default, help_text)
+    elif field.type is float:
+      flags.DEFINE_float(name, default, help_text)
+    else:
+      flags.DEFINE_string(name, default, help_text)
+
+
+def config_from_flags(flag_values: flags.FlagValues) -> TrainConfig:
+  """The TrainConfig of the parsed flags (not yet validated)."""
+  return TrainConfig(**{f.name: getattr(flag_values, f.name)
+                        for f in dataclasses.fields(TrainConfig)})

@@ -1,0 +1,58 @@
+"""One training run, config to metrics: strategy -> data -> trainer.
+
+main.py parses flags into a TrainConfig and calls `run`; tests and the Colab
+notebook call it directly.
+"""
+from absl import logging
+import tensorflow as tf
+
+from resnet_tpu import config as config_lib
+from resnet_tpu import input_pipeline
+from resnet_tpu.config import TrainConfig
+from resnet_tpu.strategy import create_strategy
+from resnet_tpu.strategy import resolve_kind
+from resnet_tpu.trainer import Trainer
+
+
+def input_config(cfg: TrainConfig) -> input_pipeline.InputConfig:
+  """The input-pipeline options of `cfg`."""
+  return input_pipeline.InputConfig(
+      data_dir=cfg.data_dir, image_size=cfg.image_size,
+      label_offset=cfg.label_offset, dtype=cfg.compute_dtype,
+      cache_dataset=cfg.cache_dataset,
+      shuffle_buffer_size=cfg.shuffle_buffer_size,
+      private_threadpool_size=cfg.private_threadpool_size,
+      parallel_interleave=cfg.parallel_interleave,
+      parallel_map=cfg.parallel_map, fused_decode_crop=cfg.fused_decode_crop,
+      prefetch=cfg.prefetch, deterministic=cfg.deterministic_input,
+      seed=cfg.seed)
+
+
+def num_eval_examples(cfg: TrainConfig) -> int:
+  """--num_eval_images, or the record count of the validation split."""
+  if cfg.use_synthetic_data:
+    return 0
+  return cfg.num_eval_images or input_pipeline.count_examples(
+      cfg.data_dir, "validation")
+
+
+def run(cfg: TrainConfig) -> dict:
+  """Validates `cfg`, trains and evaluates; returns the last eval record."""
+  cpu = resolve_kind(cfg.strategy, cfg.tpu) == "cpu"
+  config_lib.validate(cfg, cfg.num_cpu_replicas if cpu else None)
+  tf.keras.utils.set_random_seed(cfg.seed)
+  strategy = create_strategy(cfg.strategy, cfg.tpu, cfg.num_cpu_replicas)
+  config_lib.validate_replicas(cfg, strategy.num_replicas_in_sync)
+  trainer = Trainer(cfg, strategy)
+  if cfg.use_synthetic_data:
+    train_fn = input_pipeline.synthetic_dataset_fn(
+        cfg.image_size, cfg.num_classes, cfg.global_batch_size,
+        cfg.compute_dtype)
+    return trainer.fit(train_fn)
+  inputs = input_config(cfg)
+  num_eval = num_eval_examples(cfg)
+  logging.info("Validation split: %d examples", num_eval)
+  return trainer.fit(
+      input_pipeline.train_dataset_fn(inputs, cfg.global_batch_size),
+      input_pipeline.eval_dataset_fn(inputs, cfg.eval_batch_size, num_eval),
+      input_pipeline.eval_steps(num_eval, cfg.eval_batch_size))
