@@ -1,0 +1,118 @@
+"""ImageNet preprocessing, fused JPEG decode-and-crop (Ying et al. 2018, §3.2).
+
+Training uses the Inception-style random crop as tensorflow/tpu's
+`resnet_preprocessing.py` does: a box with area_range 8%-100% and aspect ratio
+3/4-4/3 is sampled from the JPEG header alone (min_object_covered=0.1 of the
+whole-image box, as there, makes the smallest area 10%), and
+`tf.image.decode_and_crop_jpeg` decodes only that box. Ying et al. report about
+25% more input throughput from this fusion: a full decode spends most of its
+time on pixels the crop throws away. The full-decode path stays for the
+ablation (§4, Figure 5).
+
+Evaluation decodes a centre crop of image_size / (image_size + 32) of the
+shorter side and resizes it; `preprocess_for_eval` is the one definition used by
+the eval pipeline and by export.
+
+Every function returns float32 pixels in [0, 255]; normalisation is the model's.
+"""
+import tensorflow as tf
+
+CROP_PADDING = 32
+MIN_OBJECT_COVERED = 0.1
+ASPECT_RATIO_RANGE = (3.0 / 4.0, 4.0 / 3.0)
+AREA_RANGE = (0.08, 1.0)
+MAX_ATTEMPTS = 10
+
+
+def _window(offset: tf.Tensor, size: tf.Tensor) -> tf.Tensor:
+  """[y, x] and [h, w] -> the [y, x, h, w] window of decode_and_crop_jpeg."""
+  return tf.stack([offset[0], offset[1], size[0], size[1]])
+
+
+def center_crop_window(image_shape: tf.Tensor, image_size: int) -> tf.Tensor:
+  """The eval crop: a centred square of size/(size+32) of the shorter side."""
+  height, width = image_shape[0], image_shape[1]
+  short_side = tf.cast(tf.minimum(height, width), tf.float64)
+  fraction = image_size / (image_size + CROP_PADDING)
+  crop = tf.cast(fraction * short_side, tf.int32)
+  offset = tf.stack([(height - crop + 1) // 2, (width - crop + 1) // 2])
+  return _window(offset, tf.stack([crop, crop]))
+
+
+def sample_crop_window(image_shape: tf.Tensor, image_size: int,
+                       seed: tf.Tensor | None = None) -> tf.Tensor:
+  """An Inception-style random crop window [y, x, h, w] of an image shape.
+
+  When none of MAX_ATTEMPTS boxes fits, the sampler returns the whole image
+  and we use the eval centre crop instead, as tensorflow/tpu does. A `seed`
+  (shape [2] int) selects the stateless sampler: the window is then a pure
+  function of (image_shape, seed).
+  """
+  kwargs = dict(
+      bounding_boxes=tf.constant([0.0, 0.0, 1.0, 1.0], shape=[1, 1, 4]),
+      min_object_covered=MIN_OBJECT_COVERED,
+      aspect_ratio_range=ASPECT_RATIO_RANGE,
+      area_range=AREA_RANGE,
+      max_attempts=MAX_ATTEMPTS,
+      use_image_if_no_bounding_boxes=True)
+  if seed is None:
+    offset, size, _ = tf.image.sample_distorted_bounding_box(
+        image_shape, **kwargs)
+  else:
+    offset, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+        image_shape, seed=seed, **kwargs)
+  whole_image = tf.reduce_all(tf.equal(size[:2], image_shape[:2]))
+  return tf.cond(whole_image,
+                 lambda: center_crop_window(image_shape, image_size),
+                 lambda: _window(offset, size))
+
+
+def decode_and_crop(image_bytes: tf.Tensor, window: tf.Tensor,
+                    fused: bool) -> tf.Tensor:
+  """Decodes the `window` [y, x, h, w] of a JPEG to uint8 [h, w, 3].
+
+  fused=True decodes only the window; fused=False decodes the whole image and
+  slices it. They agree pixel for pixel except in the window's first and last
+  column, where chroma upsampling sees different neighbours (a few levels).
+  """
+  if fused:
+    return tf.image.decode_and_crop_jpeg(image_bytes, window, channels=3)
+  image = tf.io.decode_jpeg(image_bytes, channels=3)
+  return tf.image.crop_to_bounding_box(image, window[0], window[1], window[2],
+                                       window[3])
+
+
+def resize(image: tf.Tensor, image_size: int) -> tf.Tensor:
+  """Bilinear resize to float32 [size, size, 3]; stays within [0, 255]."""
+  resized = tf.image.resize(image, [image_size, image_size],
+                            method=tf.image.ResizeMethod.BILINEAR)
+  return tf.ensure_shape(resized, [image_size, image_size, 3])
+
+
+def _random_flip(image: tf.Tensor, seed: tf.Tensor | None) -> tf.Tensor:
+  if seed is None:
+    return tf.image.random_flip_left_right(image)
+  return tf.image.stateless_random_flip_left_right(image, seed=seed)
+
+
+def preprocess_for_train(image_bytes: tf.Tensor, image_size: int, fused: bool,
+                         seed: tf.Tensor | None = None) -> tf.Tensor:
+  """JPEG -> random crop, resize, random flip -> float32 [S, S, 3] in [0, 255].
+
+  With a `seed` (shape [2] int) every random choice is stateless, so the
+  output is a pure function of (image_bytes, seed); without one the stateful
+  random ops are used.
+  """
+  crop_seed, flip_seed = (None, None) if seed is None else tf.unstack(
+      tf.random.split(seed, 2))
+  shape = tf.image.extract_jpeg_shape(image_bytes)
+  window = sample_crop_window(shape, image_size, crop_seed)
+  image = resize(decode_and_crop(image_bytes, window, fused), image_size)
+  return _random_flip(image, flip_seed)
+
+
+def preprocess_for_eval(image_bytes: tf.Tensor, image_size: int) -> tf.Tensor:
+  """JPEG -> centre crop, resize -> float32 [S, S, 3] in [0, 255]."""
+  window = center_crop_window(tf.image.extract_jpeg_shape(image_bytes),
+                              image_size)
+  return resize(decode_and_crop(image_bytes, window, fused=True), image_size)

@@ -1,0 +1,206 @@
+"""Specification of resnet_tpu.input_pipeline (Ying et al. 2018, §3.2)."""
+import collections
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from resnet_tpu import input_pipeline as ip
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SIZE = 8
+
+
+def solid_jpeg(value: int) -> bytes:
+  image = np.full((12, 16, 3), value, np.uint8)
+  return tf.io.encode_jpeg(image, quality=100).numpy()
+
+
+def imagenet_to_gcs_record(label: int, jpeg: bytes) -> bytes:
+  """A record as imagenet_to_gcs.py writes it, independent of data/."""
+  def b(value):
+    return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+
+  def i(value):
+    return tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
+
+  return tf.train.Example(features=tf.train.Features(feature={
+      "image/height": i(12), "image/width": i(16), "image/channels": i(3),
+      "image/colorspace": b(b"RGB"), "image/format": b(b"JPEG"),
+      "image/class/label": i(label),
+      "image/class/synset": b(b"n%08d" % label),
+      "image/filename": b(b"%d.JPEG" % label), "image/encoded": b(jpeg),
+  })).SerializeToString()
+
+
+def write_split(data_dir, split: str, num_records: int, num_files: int,
+                label_offset: int = 1) -> None:
+  """Record r, in file r % num_files: label r + offset, grey 5 * (r % 50)."""
+  for f in range(num_files):
+    name = f"{split}-{f:05d}-of-{num_files:05d}"
+    with tf.io.TFRecordWriter(os.path.join(data_dir, name)) as writer:
+      for r in range(f, num_records, num_files):
+        jpeg = solid_jpeg(5 * (r % 50))
+        writer.write(imagenet_to_gcs_record(r + label_offset, jpeg))
+
+
+def context(num_pipelines: int, pipeline_id: int,
+            num_replicas: int) -> tf.distribute.InputContext:
+  return tf.distribute.InputContext(num_input_pipelines=num_pipelines,
+                                    input_pipeline_id=pipeline_id,
+                                    num_replicas_in_sync=num_replicas)
+
+
+def batches(dataset: tf.data.Dataset, n: int) -> list[tuple]:
+  return [tuple(t.numpy() for t in batch) for batch in dataset.take(n)]
+
+
+@pytest.mark.parametrize("num_files,num_pipelines,cache", [
+    (4, 2, False), (4, 4, False), (3, 4, False), (5, 2, True)])
+def test_every_record_seen_once_per_epoch_across_pipelines(
+    tmp_path, num_files, num_pipelines, cache):
+  num_records = 24
+  write_split(tmp_path, "train", num_records, num_files)
+  cfg = ip.InputConfig(data_dir=str(tmp_path), image_size=SIZE,
+                       cache_dataset=cache, shuffle_buffer_size=64)
+  dataset_fn = ip.train_dataset_fn(cfg, global_batch_size=num_pipelines)
+  streams = []
+  for i in range(num_pipelines):
+    dataset = dataset_fn(context(num_pipelines, i, num_pipelines))
+    streams.append([int(label) for _, labels in
+                    batches(dataset, 2 * num_records) for label in labels])
+  shards = [set(stream) for stream in streams]
+  assert sum(map(len, shards)) == num_records  # no record in two shards
+  assert set.union(*shards) == set(range(num_records))  # and none lost
+  for stream, shard in zip(streams, shards):
+    epochs = [stream[e * len(shard):(e + 1) * len(shard)]
+              for e in range(len(stream) // len(shard))]
+    assert len(epochs) >= 2
+    assert all(sorted(epoch) == sorted(shard) for epoch in epochs)
+
+
+def test_train_batches_are_per_replica_raw_pixels_in_the_compute_dtype(
+    tmp_path):
+  write_split(tmp_path, "train", 16, 2)
+  cfg = ip.InputConfig(data_dir=str(tmp_path), image_size=SIZE,
+                       dtype="bfloat16")
+  dataset = ip.train_dataset_fn(cfg, global_batch_size=8)(context(1, 0, 2))
+  images, labels = next(iter(dataset))
+  assert images.shape == (4, SIZE, SIZE, 3) and images.dtype == tf.bfloat16
+  assert labels.shape == (4,) and labels.dtype == tf.int32
+  assert float(tf.reduce_max(tf.cast(images, tf.float32))) > 1.0
+
+
+@pytest.mark.parametrize("label_offset", [1, 0])
+def test_reads_records_of_another_writer_with_its_label_offset(
+    tmp_path, label_offset):
+  write_split(tmp_path, "validation", 6, 1, label_offset=label_offset)
+  cfg = ip.InputConfig(data_dir=str(tmp_path), image_size=SIZE,
+                       label_offset=label_offset)
+  dataset = ip.eval_dataset_fn(cfg, 6, 6)(context(1, 0, 1))
+  (images, labels, mask), = batches(dataset, 1)
+  assert labels.tolist() == list(range(6)) and mask.tolist() == [1.0] * 6
+  np.testing.assert_allclose(images.mean(axis=(1, 2, 3)),
+                             [5.0 * r for r in range(6)], atol=1.0)
+
+
+@pytest.mark.parametrize("num_examples,global_batch,num_pipelines,replicas", [
+    (10, 4, 1, 1), (10, 4, 2, 2), (10, 8, 2, 4), (7, 6, 3, 3), (9, 16, 2, 8)])
+def test_eval_counts_every_example_once_with_a_padded_masked_last_batch(
+    tmp_path, num_examples, global_batch, num_pipelines, replicas):
+  write_split(tmp_path, "validation", num_examples, 2)
+  cfg = ip.InputConfig(data_dir=str(tmp_path), image_size=SIZE)
+  dataset_fn = ip.eval_dataset_fn(cfg, global_batch, num_examples)
+  steps = ip.eval_steps(num_examples, global_batch)
+  seen, padding = collections.Counter(), 0
+  for i in range(num_pipelines):
+    pipeline = batches(dataset_fn(context(num_pipelines, i, replicas)), 10**6)
+    assert len(pipeline) == steps * replicas // num_pipelines
+    for _, labels, mask in pipeline:
+      assert len(labels) == global_batch // replicas
+      seen.update(labels[mask == 1.0].tolist())
+      padding += int((mask == 0.0).sum())
+  assert seen == collections.Counter(range(num_examples))
+  assert padding == steps * global_batch - num_examples
+
+
+def test_seeded_deterministic_stream_repeats_and_resumes_at_start_step(
+    tmp_path):
+  write_split(tmp_path, "train", 12, 3)
+  cfg = ip.InputConfig(data_dir=str(tmp_path), image_size=SIZE, seed=7,
+                       deterministic=True)
+  ctx = context(1, 0, 1)
+  stream = batches(ip.train_dataset_fn(cfg, 2)(ctx), 10)
+  again = batches(ip.train_dataset_fn(cfg, 2)(ctx), 10)
+  resumed = batches(ip.train_dataset_fn(cfg, 2, start_step=4)(ctx), 6)
+  other_seed = dataclasses.replace(cfg, seed=8)
+  other = batches(ip.train_dataset_fn(other_seed, 2)(ctx), 10)
+  for (images_a, labels_a), (images_b, labels_b) in zip(
+      stream + stream[4:], again + resumed):
+    np.testing.assert_array_equal(images_a, images_b)
+    np.testing.assert_array_equal(labels_a, labels_b)
+  assert any(not np.array_equal(a[1], b[1]) for a, b in zip(stream, other))
+
+
+def test_ablation_switches_change_speed_not_data(tmp_path):
+  write_split(tmp_path, "train", 12, 3)
+  cfg = ip.InputConfig(data_dir=str(tmp_path), image_size=SIZE, seed=3,
+                       deterministic=True)
+  ablated = dataclasses.replace(
+      cfg, parallel_interleave=False, parallel_map=False,
+      fused_decode_crop=False, cache_dataset=True, prefetch=False,
+      private_threadpool_size=1)
+  full = batches(ip.train_dataset_fn(cfg, 4)(context(1, 0, 1)), 6)
+  slow = batches(ip.train_dataset_fn(ablated, 4)(context(1, 0, 1)), 6)
+  for (images_a, labels_a), (images_b, labels_b) in zip(full, slow):
+    np.testing.assert_array_equal(labels_a, labels_b)
+    np.testing.assert_allclose(images_a, images_b, atol=24)
+
+
+def test_split_files_and_count_examples(tmp_path):
+  write_split(tmp_path, "validation", 7, 3)
+  names = [os.path.basename(f)
+           for f in ip.split_files(str(tmp_path), "validation")]
+  assert names == [f"validation-{i:05d}-of-00003" for i in range(3)]
+  assert ip.count_examples(str(tmp_path), "validation") == 7
+  with pytest.raises(ValueError, match=r"train-\*-of-\*"):
+    ip.split_files(str(tmp_path), "train")
+  with pytest.raises(ValueError, match="split"):
+    ip.split_files(str(tmp_path), "test")
+
+
+def test_invalid_config_is_rejected_naming_the_field():
+  with pytest.raises(ValueError, match="dtype"):
+    ip.InputConfig(data_dir="x", dtype="float16")
+  with pytest.raises(ValueError, match="private_threadpool_size"):
+    ip.InputConfig(data_dir="x", private_threadpool_size=-1)
+
+
+def test_synthetic_data_is_one_constant_batch_per_replica():
+  dataset = ip.synthetic_dataset_fn(SIZE, 10, 8, "bfloat16")(context(2, 1, 4))
+  (images_a, labels_a), (images_b, _) = batches(dataset, 2)
+  assert images_a.shape == (2, SIZE, SIZE, 3)
+  assert images_a.dtype == tf.bfloat16.as_numpy_dtype
+  assert labels_a.dtype == np.int32
+  assert 0 <= labels_a.min() and labels_a.max() < 10
+  np.testing.assert_array_equal(images_a, images_b)
+
+
+def test_bench_input_tiny_writes_the_ablation_and_merges_summary(tmp_path):
+  (tmp_path / "summary.json").write_text(json.dumps({"other_key": 1.5}))
+  subprocess.run([sys.executable, "-m", "tools.bench_input", "--tiny",
+                  f"--output_dir={tmp_path}"],
+                 cwd=REPO, check=True, capture_output=True, timeout=120)
+  summary = json.loads((tmp_path / "summary.json").read_text())
+  assert summary["other_key"] == 1.5
+  assert summary["input_full_vs_decode_ceiling"] > 0
+  assert summary["input_fused_vs_full_decode"] > 0
+  result = json.loads((tmp_path / "input.json").read_text())
+  assert len(result["variants"]) == 6
+  assert all(v["median"] > 0 for v in result["variants"].values())
+  assert "| + fused decode-and-crop |" in (tmp_path / "input.md").read_text()

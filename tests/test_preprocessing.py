@@ -1,0 +1,120 @@
+"""Specification of the image ops of resnet_tpu.preprocessing (§3.2)."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from resnet_tpu import preprocessing
+
+HEIGHT, WIDTH = 120, 160
+# Chroma upsampling at a window's left and right edge sees other neighbours.
+EDGE_TOLERANCE = 24
+
+
+def textured_jpeg(height: int = HEIGHT, width: int = WIDTH) -> bytes:
+  """Smooth colour fields plus noise, so that different crops differ."""
+  rng = np.random.default_rng(0)
+  field = tf.image.resize(rng.uniform(0, 255, (1, 6, 8, 3)), (height, width),
+                          method="bicubic")[0].numpy()
+  image = field + rng.normal(0, 10, (height, width, 3))
+  return tf.io.encode_jpeg(np.clip(image, 0, 255).astype(np.uint8),
+                           quality=90).numpy()
+
+
+def seed(i: int) -> tf.Tensor:
+  return tf.constant([i, 17], tf.int64)
+
+
+def test_fused_decode_and_crop_equals_decode_then_crop_on_the_same_window():
+  jpeg = textured_jpeg()
+  full = tf.io.decode_jpeg(jpeg, channels=3).numpy().astype(int)
+  rng = np.random.default_rng(1)
+  for _ in range(20):
+    h, w = rng.integers(8, HEIGHT), rng.integers(8, WIDTH)
+    y, x = rng.integers(0, HEIGHT - h + 1), rng.integers(0, WIDTH - w + 1)
+    window = tf.constant([y, x, h, w], tf.int32)
+    fused = preprocessing.decode_and_crop(jpeg, window, fused=True)
+    unfused = preprocessing.decode_and_crop(jpeg, window, fused=False)
+    fused, unfused = fused.numpy().astype(int), unfused.numpy().astype(int)
+    np.testing.assert_array_equal(unfused, full[y:y + h, x:x + w])
+    np.testing.assert_array_equal(fused[:, 1:-1], unfused[:, 1:-1])
+    assert np.abs(fused - unfused).max() <= EDGE_TOLERANCE
+
+
+def test_seeded_train_preprocessing_is_the_same_with_fused_or_full_decode():
+  jpeg = textured_jpeg()
+  for i in range(10):
+    fused = preprocessing.preprocess_for_train(jpeg, 32, True, seed(i))
+    unfused = preprocessing.preprocess_for_train(jpeg, 32, False, seed(i))
+    difference = np.abs(fused.numpy() - unfused.numpy())
+    assert difference.mean() < 0.5 and difference.max() <= EDGE_TOLERANCE
+
+
+def test_crop_windows_lie_inside_the_image_with_inception_area_and_aspect():
+  shape = tf.constant([HEIGHT, WIDTH, 3])
+  center = preprocessing.center_crop_window(shape, 32).numpy().tolist()
+  areas = []
+  for i in range(200):
+    window = preprocessing.sample_crop_window(shape, 32, seed(i))
+    y, x, h, w = window.numpy().tolist()
+    assert 0 <= y and 0 <= x and y + h <= HEIGHT and x + w <= WIDTH
+    if [y, x, h, w] != center:
+      areas.append(h * w / (HEIGHT * WIDTH))
+      assert 0.1 - 0.02 <= areas[-1] <= 1.0
+      assert 3 / 4 - 0.06 <= w / h <= 4 / 3 + 0.06
+  assert len(areas) > 150 and min(areas) < 0.3 and max(areas) > 0.7
+
+
+def test_crop_falls_back_to_the_center_crop_when_no_box_fits():
+  # Boxes of aspect 3/4..4/3 in a 10x1000 strip cover < 0.02% of it.
+  shape = tf.constant([10, 1000, 3])
+  expected = preprocessing.center_crop_window(shape, 32).numpy().tolist()
+  for i in range(5):
+    window = preprocessing.sample_crop_window(shape, 32, seed(i))
+    assert window.numpy().tolist() == expected
+
+
+def test_center_crop_is_centred_and_size_over_size_plus_32_of_short_side():
+  window = preprocessing.center_crop_window(tf.constant([HEIGHT, WIDTH, 3]),
+                                            224)
+  y, x, h, w = window.numpy().tolist()
+  assert h == w == int(224 / 256 * HEIGHT)
+  assert (y, x) == ((HEIGHT - h + 1) // 2, (WIDTH - w + 1) // 2)
+
+
+def test_eval_preprocessing_is_the_resized_center_crop_of_the_decoded_image():
+  jpeg = textured_jpeg()
+  image = preprocessing.preprocess_for_eval(jpeg, 32).numpy()
+  crop = int(32 / 64 * HEIGHT)
+  y, x = (HEIGHT - crop + 1) // 2, (WIDTH - crop + 1) // 2
+  decoded = tf.io.decode_jpeg(jpeg, channels=3)[y:y + crop, x:x + crop]
+  expected = tf.image.resize(decoded, [32, 32]).numpy()
+  assert image.shape == (32, 32, 3) and image.dtype == np.float32
+  assert np.abs(image - expected).mean() < 0.5
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_train_output_is_float32_raw_pixels_of_the_requested_size(fused):
+  image = preprocessing.preprocess_for_train(textured_jpeg(), 24, fused)
+  image = image.numpy()
+  assert image.shape == (24, 24, 3) and image.dtype == np.float32
+  assert 0.0 <= image.min() and 1.0 < image.max() <= 255.0
+
+
+def test_seeded_train_preprocessing_is_a_pure_function_of_the_seed():
+  jpeg = textured_jpeg()
+  outputs = [[preprocessing.preprocess_for_train(jpeg, 16, True, seed(i))
+              .numpy().tobytes() for i in range(6)] for _ in range(2)]
+  assert outputs[0] == outputs[1]
+  assert len(set(outputs[0])) == 6
+
+
+def test_random_flip_mirrors_about_half_of_the_images():
+  # Left half white, right half black: a crop across both shows its side.
+  image = np.zeros((32, 32, 3), np.uint8)
+  image[:, :16] = 255
+  jpeg = tf.io.encode_jpeg(image, quality=100).numpy()
+  sides = []
+  for i in range(60):
+    out = preprocessing.preprocess_for_train(jpeg, 8, True, seed(i)).numpy()
+    sides.append(np.sign(out[:, 0].mean() - out[:, -1].mean()))
+  assert sides.count(-1) >= 10 and sides.count(1) >= 10

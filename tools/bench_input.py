@@ -1,0 +1,225 @@
+"""Input pipeline ablation, after Ying et al. 2018 Figure 5 (§3.2, §4).
+
+Generates ImageNet-like JPEGs (500x375, about 110 KB: smooth random fields at
+four scales plus noise), writes them as TFRecords and measures the images/s of
+resnet_tpu.input_pipeline's training dataset as the §3.2 optimisations are
+switched on one at a time, next to the decode-only ceiling: tf.io.decode_jpeg
+alone on in-memory bytes with the same thread count. Every measurement builds
+a fresh iterator, warms it up for an epoch (so that `cache` is full), then
+counts batches for --seconds. Variants alternate within each repetition; the
+table gives the median and the min-max over repetitions.
+
+  python -m tools.bench_input          # bench_results/input.{json,md}
+  python -m tools.bench_input --tiny   # smoke test, < 20 s
+
+The two headline ratios are merged into bench_results/summary.json.
+"""
+import json
+import math
+import os
+import statistics
+import tempfile
+import time
+from typing import Callable
+
+from absl import app
+from absl import flags
+from absl import logging
+import numpy as np
+import tensorflow as tf
+
+from data import build_tfrecords
+from resnet_tpu import input_pipeline
+
+FLAGS = flags.FLAGS
+
+SOURCE_HEIGHT, SOURCE_WIDTH = 375, 500
+JPEG_QUALITY = 93
+TINY = dict(num_images=24, num_files=4, image_size=64, batch_size=8,
+            repetitions=1, seconds=0.3)
+_OFF = dict(parallel_interleave=False, parallel_map=False,
+            fused_decode_crop=False, cache_dataset=False, prefetch=False)
+_PARALLEL = {**_OFF, "parallel_interleave": True, "parallel_map": True}
+_FUSED = {**_PARALLEL, "fused_decode_crop": True}
+_CACHED = {**_FUSED, "cache_dataset": True}
+VARIANTS = {
+    "base: sequential read, parse, full decode": _OFF,
+    "+ parallel interleave and parse": _PARALLEL,
+    "+ fused decode-and-crop": _FUSED,
+    "+ cache": _CACHED,
+    "+ prefetch (full pipeline)": {**_CACHED, "prefetch": True},
+}
+CEILING = "decode-only ceiling (tf.io.decode_jpeg)"
+BASE, PARALLEL, FUSED = list(VARIANTS)[:3]
+FULL = list(VARIANTS)[-1]
+
+
+def photo_like_jpeg(rng: np.random.Generator) -> bytes:
+  """A 500x375 JPEG of about 110 KB with photo-like smooth structure."""
+  image = np.full((SOURCE_HEIGHT, SOURCE_WIDTH, 3), 128.0, np.float32)
+  for cells, amplitude in ((4, 90.0), (16, 45.0), (64, 25.0), (160, 12.0)):
+    field = rng.normal(0, 1, (1, cells * 3 // 4 + 2, cells + 2, 3))
+    field = tf.image.resize(field.astype(np.float32),
+                            (SOURCE_HEIGHT, SOURCE_WIDTH), method="bicubic")
+    image += amplitude * field[0].numpy()
+  image += rng.normal(0, 15, image.shape)
+  image = np.clip(image, 0, 255).astype(np.uint8)
+  return tf.io.encode_jpeg(image, quality=JPEG_QUALITY).numpy()
+
+
+def write_dataset(data_dir: str, num_images: int, num_files: int,
+                  seed: int = 0) -> list[bytes]:
+  """Writes train-*-of-* TFRecords of generated JPEGs; returns the JPEGs."""
+  rng = np.random.default_rng(seed)
+  jpegs = [photo_like_jpeg(rng) for _ in range(num_images)]
+  for shard in range(num_files):
+    path = os.path.join(data_dir, f"train-{shard:05d}-of-{num_files:05d}")
+    with tf.io.TFRecordWriter(path) as writer:
+      for i in range(shard, num_images, num_files):
+        example = build_tfrecords.image_example(
+            f"{i}.JPEG", jpegs[i], SOURCE_HEIGHT, SOURCE_WIDTH, "n00000000", 1)
+        writer.write(example.SerializeToString())
+  return jpegs
+
+
+def decode_ceiling_dataset(jpegs: list[bytes], batch_size: int,
+                           threads: int) -> tf.data.Dataset:
+  """Parallel tf.io.decode_jpeg of in-memory bytes, yielding only shapes."""
+  options = tf.data.Options()
+  options.threading.private_threadpool_size = threads
+  dataset = tf.data.Dataset.from_tensor_slices(jpegs).repeat().map(
+      lambda jpeg: tf.shape(tf.io.decode_jpeg(jpeg, channels=3)),
+      num_parallel_calls=tf.data.AUTOTUNE)
+  dataset = dataset.batch(batch_size).prefetch(tf.data.AUTOTUNE)
+  return dataset.with_options(options)
+
+
+def images_per_second(make_dataset: Callable[[], tf.data.Dataset],
+                      batch_size: int, warmup_batches: int,
+                      seconds: float) -> float:
+  """Throughput of a fresh iterator after `warmup_batches`, over `seconds`."""
+  iterator = iter(make_dataset())
+  for _ in range(warmup_batches):
+    next(iterator)
+  batches, start = 0, time.perf_counter()
+  while time.perf_counter() - start < seconds:
+    next(iterator)
+    batches += 1
+  return batches * batch_size / (time.perf_counter() - start)
+
+
+def run_ablation(data_dir: str, jpegs: list[bytes], image_size: int,
+                 batch_size: int, repetitions: int, seconds: float,
+                 threads: int) -> dict[str, list[float]]:
+  """images/s of each variant per repetition, variants alternating."""
+  def pipeline(switches):
+    cfg = input_pipeline.InputConfig(data_dir=data_dir, image_size=image_size,
+                                     private_threadpool_size=threads,
+                                     **switches)
+    dataset_fn = input_pipeline.train_dataset_fn(cfg, batch_size)
+    return lambda: dataset_fn(tf.distribute.InputContext())
+
+  makers = {name: pipeline(switches) for name, switches in VARIANTS.items()}
+  makers[CEILING] = lambda: decode_ceiling_dataset(jpegs, batch_size, threads)
+  warmup_batches = math.ceil(len(jpegs) / batch_size) + 2
+  rates = {name: [] for name in makers}
+  for repetition in range(repetitions):
+    for name, make in makers.items():
+      rates[name].append(
+          images_per_second(make, batch_size, warmup_batches, seconds))
+      logging.info("repetition %d: %s: %.1f images/s", repetition, name,
+                   rates[name][-1])
+  return rates
+
+
+def summarise(rates: dict[str, list[float]]) -> dict[str, dict]:
+  return {name: {"median": statistics.median(runs), "min": min(runs),
+                 "max": max(runs), "runs": runs}
+          for name, runs in rates.items()}
+
+
+def headline_ratios(summary: dict[str, dict]) -> dict[str, float]:
+  median = {name: s["median"] for name, s in summary.items()}
+  return {
+      "input_full_vs_decode_ceiling": median[FULL] / median[CEILING],
+      "input_fused_vs_full_decode": median[FUSED] / median[PARALLEL],
+  }
+
+
+def markdown_table(summary: dict[str, dict], setup: dict) -> str:
+  base = summary[BASE]["median"]
+  lines = [
+      f"Input pipeline ablation (Ying et al. 2018, Fig. 5): "
+      f"{setup['num_images']} JPEGs of {SOURCE_WIDTH}x{SOURCE_HEIGHT} "
+      f"(mean {setup['mean_jpeg_kb']:.0f} KB), {setup['image_size']} px "
+      f"crops, batch {setup['batch_size']}, {setup['threads']} threads, "
+      f"{setup['repetitions']} x {setup['seconds']} s per variant.",
+      "",
+      "| variant | images/s (median) | min-max | vs base |",
+      "|---|---:|---:|---:|",
+  ]
+  for name, s in summary.items():
+    lines.append(f"| {name} | {s['median']:.1f} | {s['min']:.1f}-"
+                 f"{s['max']:.1f} | {s['median'] / base:.2f}x |")
+  return "\n".join(lines) + "\n"
+
+
+def write_results(output_dir: str, summary: dict[str, dict],
+                  setup: dict) -> dict[str, float]:
+  """Writes input.json and input.md; merges the ratios into summary.json."""
+  os.makedirs(output_dir, exist_ok=True)
+  ratios = headline_ratios(summary)
+  with open(os.path.join(output_dir, "input.json"), "w") as f:
+    json.dump({"setup": setup, "variants": summary, **ratios}, f, indent=2)
+  with open(os.path.join(output_dir, "input.md"), "w") as f:
+    f.write(markdown_table(summary, setup))
+  summary_path = os.path.join(output_dir, "summary.json")
+  merged = {}
+  if os.path.exists(summary_path):
+    with open(summary_path) as f:
+      merged = json.load(f)
+  merged.update(ratios)
+  with open(summary_path + ".tmp", "w") as f:
+    json.dump(merged, f, indent=2, sort_keys=True)
+  os.replace(summary_path + ".tmp", summary_path)
+  return ratios
+
+
+def define_flags() -> None:
+  """Flags exist only when run as a script; importing defines none."""
+  flags.DEFINE_string("output_dir", "bench_results",
+                      "Folder for input.json, input.md and summary.json.")
+  flags.DEFINE_integer("num_images", 192, "Generated images (one epoch).")
+  flags.DEFINE_integer("num_files", 8, "TFRecord files holding them.")
+  flags.DEFINE_integer("image_size", 224, "Training crop size.")
+  flags.DEFINE_integer("batch_size", 32, "Batch size.")
+  flags.DEFINE_integer("repetitions", 5, "Timed windows per variant.")
+  flags.DEFINE_float("seconds", 2.0, "Length of one timed window.")
+  flags.DEFINE_integer("threads", os.cpu_count() or 1,
+                       "tf.data private thread pool size of every variant.")
+  flags.DEFINE_bool("tiny", False, "Smoke-test sizes (< 20 s): " + str(TINY))
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  setup = dict(num_images=FLAGS.num_images, num_files=FLAGS.num_files,
+               image_size=FLAGS.image_size, batch_size=FLAGS.batch_size,
+               repetitions=FLAGS.repetitions, seconds=FLAGS.seconds,
+               threads=FLAGS.threads)
+  if FLAGS.tiny:
+    setup.update(TINY)
+  with tempfile.TemporaryDirectory() as data_dir:
+    jpegs = write_dataset(data_dir, setup["num_images"], setup["num_files"])
+    setup["mean_jpeg_kb"] = sum(map(len, jpegs)) / len(jpegs) / 1e3
+    rates = run_ablation(data_dir, jpegs, setup["image_size"],
+                         setup["batch_size"], setup["repetitions"],
+                         setup["seconds"], setup["threads"])
+  summary = summarise(rates)
+  ratios = write_results(FLAGS.output_dir, summary, setup)
+  print(markdown_table(summary, setup))
+  print(json.dumps(ratios, indent=2))
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)
