@@ -1,0 +1,121 @@
+"""Distributed BN (Ying et al. §3.1) equals standard BN on each group's batch."""
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import cpu_strategy
+from resnet_tpu.distributed_batch_norm import DistributedBatchNormalization
+
+REPLICAS = 8
+PER_REPLICA = 2
+SHAPE = (4, 4, 3)
+MOMENTUM = 0.9
+
+
+def _data():
+  rng = np.random.RandomState(0)
+  x = rng.randn(REPLICAS * PER_REPLICA, *SHAPE).astype(np.float32) * 3 + 1
+  # A per-example weight so the loss (and so every gradient) depends on
+  # which replica holds which example.
+  w = rng.randn(REPLICAS * PER_REPLICA, *SHAPE).astype(np.float32)
+  gamma = rng.rand(SHAPE[-1]).astype(np.float32) + 0.5
+  beta = rng.randn(SHAPE[-1]).astype(np.float32)
+  return x, w, gamma, beta
+
+
+def _distributed(group_size, x, w, gamma, beta):
+  strategy = cpu_strategy(REPLICAS)
+  with strategy.scope():
+    bn = DistributedBatchNormalization(group_size=group_size,
+                                       momentum=MOMENTUM)
+    bn.build((None,) + SHAPE)
+    bn.gamma.assign(gamma)
+    bn.beta.assign(beta)
+  dataset = strategy.experimental_distribute_dataset(
+      tf.data.Dataset.from_tensor_slices((x, w)).batch(len(x)))
+
+  @tf.function
+  def step(batch):
+    def replica_fn(xs, ws):
+      with tf.GradientTape() as tape:
+        tape.watch(xs)
+        y = bn(xs, training=True)
+        loss = tf.reduce_sum(y * ws)
+      dx, dgamma, dbeta = tape.gradient(loss, [xs, bn.gamma, bn.beta])
+      return y, dx, dgamma, dbeta
+    return strategy.run(replica_fn, args=batch)
+
+  y, dx, dgamma, dbeta = step(next(iter(dataset)))
+  local = strategy.experimental_local_results
+  return (np.concatenate([v.numpy() for v in local(y)]),
+          np.concatenate([v.numpy() for v in local(dx)]),
+          sum(v.numpy() for v in local(dgamma)),
+          sum(v.numpy() for v in local(dbeta)),
+          bn.moving_mean.numpy(), bn.moving_variance.numpy())
+
+
+def _reference(group_size, x, w, gamma, beta):
+  """Keras BatchNormalization on one device, once per group's batch."""
+  group_batch = group_size * PER_REPLICA
+  ys, dxs, dgamma, dbeta, means, variances = [], [], 0, 0, [], []
+  for start in range(0, len(x), group_batch):
+    bn = keras.layers.BatchNormalization(momentum=MOMENTUM, epsilon=1e-3)
+    bn.build((None,) + SHAPE)
+    bn.gamma.assign(gamma)
+    bn.beta.assign(beta)
+    xs = tf.constant(x[start:start + group_batch])
+    with tf.GradientTape() as tape:
+      tape.watch(xs)
+      y = bn(xs, training=True)
+      loss = tf.reduce_sum(y * w[start:start + group_batch])
+    dx, dg, db = tape.gradient(loss, [xs, bn.gamma, bn.beta])
+    ys.append(y.numpy())
+    dxs.append(dx.numpy())
+    dgamma, dbeta = dgamma + dg.numpy(), dbeta + db.numpy()
+    means.append(bn.moving_mean.numpy())
+    variances.append(bn.moving_variance.numpy())
+  # Every replica applies its group's update; the mirrored moving statistics
+  # hold the mean over replicas, i.e. over groups.
+  return (np.concatenate(ys), np.concatenate(dxs), dgamma, dbeta,
+          np.mean(means, axis=0), np.mean(variances, axis=0))
+
+
+@pytest.mark.parametrize("group_size", [1, 2, 4, 8])
+def test_group_bn_on_8_replicas_equals_single_device_bn_per_group(group_size):
+  data = _data()
+  got = _distributed(group_size, *data)
+  want = _reference(group_size, *data)
+  names = ("outputs", "input gradients", "gamma gradient", "beta gradient",
+           "moving mean", "moving variance")
+  for name, g, r in zip(names, got, want):
+    np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+def test_group_size_changes_the_statistics():
+  """Guards the test above: groups 2 and 8 must give different outputs."""
+  data = _data()
+  y2 = _distributed(2, *data)[0]
+  y8 = _distributed(8, *data)[0]
+  assert np.abs(y2 - y8).max() > 1e-2
+
+
+def test_inference_uses_moving_statistics_without_collectives():
+  bn = DistributedBatchNormalization(group_size=4)
+  bn.build((None,) + SHAPE)
+  bn.moving_mean.assign([1.0, 2.0, 3.0])
+  bn.moving_variance.assign([4.0, 4.0, 4.0])
+  x = np.ones((2,) + SHAPE, np.float32)
+  graph = tf.function(lambda v: bn(v, training=False)).get_concrete_function(
+      tf.TensorSpec((2,) + SHAPE)).graph
+  ops = {op.type for op in graph.get_operations()}
+  assert not any("Collective" in t or "AllReduce" in t or "NcclAllReduce" in t
+                 for t in ops), ops
+  y = bn(x, training=False).numpy()
+  expected = (1.0 - np.array([1.0, 2.0, 3.0])) / np.sqrt(4.0 + bn.epsilon)
+  np.testing.assert_allclose(y[0, 0, 0], expected, rtol=1e-5)
+
+
+def test_group_size_must_be_positive():
+  with pytest.raises(ValueError, match="group_size"):
+    DistributedBatchNormalization(group_size=0)

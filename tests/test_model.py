@@ -1,0 +1,67 @@
+"""ResNet v1.5 (Goyal et al. 2017) as used by Ying et al. 2018."""
+import keras
+import numpy as np
+import pytest
+
+from resnet_tpu.distributed_batch_norm import DistributedBatchNormalization
+from resnet_tpu.model import build_resnet
+
+KERAS_RESNET50_PARAMS = 25_636_712  # keras.applications.ResNet50, 1000 classes
+KERAS_CONV_BIASES = 26_560  # its conv biases; ours has none (BN follows)
+
+
+@pytest.fixture(scope="module")
+def resnet50():
+  return build_resnet(50, 1000, 224)
+
+
+def test_resnet50_has_keras_parameter_count_less_conv_biases(resnet50):
+  assert resnet50.count_params() == KERAS_RESNET50_PARAMS - KERAS_CONV_BIASES
+  trainable = sum(int(np.prod(v.shape)) for v in resnet50.trainable_variables)
+  assert trainable == 25_557_032  # the 25.6M of the papers
+
+
+def test_v1_5_downsamples_in_the_3x3_conv_of_the_bottleneck(resnet50):
+  for stage in (2, 3, 4):
+    block = f"stage{stage}_block1"
+    assert resnet50.get_layer(block + "_conv1").strides == (1, 1)
+    assert resnet50.get_layer(block + "_conv2").strides == (2, 2)
+    assert resnet50.get_layer(block + "_proj").strides == (2, 2)
+  assert resnet50.get_layer("stage1_block1_conv2").strides == (1, 1)
+  assert resnet50.get_layer("stage4_block3_out").output.shape[1:3] == (7, 7)
+
+
+def test_last_bn_of_each_residual_block_starts_at_zero_gamma(resnet50):
+  bns = [l for l in resnet50.layers
+         if isinstance(l, DistributedBatchNormalization)]
+  zero = [l.name for l in bns if not np.any(l.gamma.numpy())]
+  assert len(bns) == 53
+  assert sorted(zero) == sorted(f"stage{s}_block{b}_bn3"
+                                for s, n in zip((1, 2, 3, 4), (3, 4, 6, 3))
+                                for b in range(1, n + 1))
+
+
+def test_every_bn_uses_the_requested_group_size():
+  model = build_resnet(18, 10, 32, bn_group_size=4)
+  groups = {l.group_size for l in model.layers
+            if isinstance(l, DistributedBatchNormalization)}
+  assert groups == {4}
+
+
+def test_bfloat16_policy_keeps_logits_float32():
+  previous = keras.config.dtype_policy()
+  keras.config.set_dtype_policy("mixed_bfloat16")
+  try:
+    model = build_resnet(18, 10, 32)
+  finally:
+    keras.config.set_dtype_policy(previous)
+  assert model.get_layer("stem_conv").compute_dtype == "bfloat16"
+  assert model.get_layer("logits").compute_dtype == "float32"
+  out = model(np.zeros((2, 32, 32, 3), np.float32), training=True)
+  assert out.dtype == "float32"
+
+
+@pytest.mark.parametrize("depth,size", [(7, 224), (50, 16)])
+def test_bad_depth_or_image_size_is_a_clear_error(depth, size):
+  with pytest.raises(ValueError, match="resnet_depth|image_size"):
+    build_resnet(depth, 10, size)

@@ -1,0 +1,184 @@
+"""The custom loop: gradients summed once, resume, accumulation, metrics."""
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import cpu_strategy
+from resnet_tpu import trainer as trainer_lib
+from resnet_tpu.config import TrainConfig
+from resnet_tpu.distributed_batch_norm import DistributedBatchNormalization
+from resnet_tpu.metrics_log import REQUIRED_KEYS
+
+IMAGE = 32
+CLASSES = 10
+
+
+def _config(tmp_path, **overrides) -> TrainConfig:
+  values = dict(model_dir=str(tmp_path), use_synthetic_data=True,
+                resnet_depth=18, num_classes=CLASSES, image_size=IMAGE,
+                global_batch_size=16, eval_batch_size=16, train_steps=1,
+                steps_per_loop=1, num_train_images=10_000,
+                lr_schedule="constant", warmup_epochs=0.0,
+                base_learning_rate=0.5, label_smoothing=0.1,
+                weight_decay=1e-3)
+  values.update(overrides)
+  return TrainConfig(**values)
+
+
+def tiny_resnet(cfg: TrainConfig) -> keras.Model:
+  """conv -> distributed BN -> relu -> pool -> dense: the trainer's contract
+  (raw pixels in, float32 logits out, group BN) at a fraction of the cost."""
+  inputs = keras.Input((cfg.image_size, cfg.image_size, 3))
+  x = keras.layers.Rescaling(1 / 255)(inputs)
+  x = keras.layers.Conv2D(8, 3, strides=2, use_bias=False)(x)
+  x = DistributedBatchNormalization(group_size=cfg.bn_group_size)(x)
+  x = keras.layers.ReLU()(x)
+  x = keras.layers.GlobalAveragePooling2D()(x)
+  return keras.Model(inputs, keras.layers.Dense(cfg.num_classes)(x))
+
+
+@pytest.fixture(autouse=True)
+def _tiny_model(monkeypatch):
+  monkeypatch.setattr(trainer_lib, "build_model", tiny_resnet)
+
+
+def _examples(n, seed=0):
+  rng = np.random.RandomState(seed)
+  images = rng.uniform(0, 255, (n, IMAGE, IMAGE, 3)).astype(np.float32)
+  labels = rng.randint(0, CLASSES, n).astype(np.int32)
+  return images, labels
+
+
+def _train_fn(images, labels, global_batch):
+  """Replica i of step s gets rows [s*B + i*b, s*B + (i+1)*b)."""
+  def dataset_fn(ctx):
+    batch = ctx.get_per_replica_batch_size(global_batch)
+    return tf.data.Dataset.from_tensor_slices((images, labels)).batch(
+        batch, drop_remainder=True).repeat()
+  return dataset_fn
+
+
+def _weights(trainer):
+  return [v.numpy() for v in trainer.model.variables]
+
+
+def _copy_weights(src, dst):
+  for s, d in zip(src.model.variables, dst.model.variables):
+    d.assign(s.numpy())
+
+
+def _run_steps(trainer, dataset_fn, steps, loop=None):
+  iterator = iter(trainer.strategy.distribute_datasets_from_function(
+      dataset_fn))
+  loop = loop or trainer.train_loop
+  return loop(iterator, tf.constant(steps))
+
+
+def test_one_step_on_8_replicas_equals_one_device_with_global_batch(tmp_path):
+  images, labels = _examples(16)
+  one = trainer_lib.Trainer(_config(tmp_path / "a", bn_group_size=1),
+                            cpu_strategy(1))
+  eight = trainer_lib.Trainer(_config(tmp_path / "b", bn_group_size=8),
+                              cpu_strategy(8))
+  _copy_weights(one, eight)
+  before = _weights(one)
+  _run_steps(one, _train_fn(images, labels, 16), 1)
+  _run_steps(eight, _train_fn(images, labels, 16), 1)
+  changed = 0
+  for b, w1, w8 in zip(before, _weights(one), _weights(eight)):
+    np.testing.assert_allclose(w8, w1, rtol=2e-4, atol=2e-5)
+    changed += not np.allclose(b, w1)
+  assert changed >= 4  # the step really moved conv, BN and dense weights
+
+
+def test_loop_returns_loss_and_accuracy_over_all_replicas(tmp_path):
+  images, labels = _examples(16)
+  trainer = trainer_lib.Trainer(_config(tmp_path, bn_group_size=2),
+                                cpu_strategy(4))
+  sums = _run_steps(trainer, _train_fn(images, labels, 16), 2).numpy()
+  assert sums[3] == 32  # examples of 2 steps x 16
+  assert 0 <= sums[1] <= sums[2] <= 32  # top-1 hits <= top-5 hits
+  assert np.log(CLASSES) * 0.5 < sums[0] / 32 < np.log(CLASSES) * 2
+
+
+def _freeze_bn(build_model):
+  def frozen(cfg):
+    model = build_model(cfg)
+    for layer in model.layers:
+      if isinstance(layer, DistributedBatchNormalization):
+        layer.trainable = False
+    return model
+  return frozen
+
+
+def test_accumulating_k_micro_batches_equals_one_k_times_larger_step(
+    tmp_path, monkeypatch):
+  monkeypatch.setattr(trainer_lib, "build_model",
+                      _freeze_bn(trainer_lib.build_model))
+  images, labels = _examples(32)
+  strategy = cpu_strategy(2)
+  big = trainer_lib.Trainer(_config(tmp_path / "a", global_batch_size=32),
+                            strategy)
+  micro = trainer_lib.Trainer(
+      _config(tmp_path / "b", global_batch_size=16,
+              batch_size_schedule="0:32"), cpu_strategy(2))
+  _copy_weights(big, micro)
+  before = _weights(big)
+  assert micro.accumulation_steps(0) == 2
+  _run_steps(big, _train_fn(images, labels, 32), 1)
+  iterator = iter(micro.strategy.distribute_datasets_from_function(
+      _train_fn(images, labels, 16)))
+  micro.accumulating_train_loop(iterator, tf.constant(1), tf.constant(2))
+  assert micro.step == 1
+  for b, wb, wm in zip(before, _weights(big), _weights(micro)):
+    np.testing.assert_allclose(wm, wb, rtol=2e-4, atol=2e-5)
+  assert any(not np.allclose(b, w) for b, w in zip(before, _weights(big)))
+
+
+def test_resume_continues_from_saved_step_with_identical_weights(tmp_path):
+  images, labels = _examples(32)
+  cfg = _config(tmp_path, train_steps=2, steps_per_loop=1)
+  first = trainer_lib.Trainer(cfg, cpu_strategy(2))
+  first.fit(_train_fn(images, labels, 16))
+  saved = _weights(first)
+  resumed = trainer_lib.Trainer(cfg, cpu_strategy(2))
+  assert resumed.restore() == 2
+  for a, b in zip(saved, _weights(resumed)):
+    np.testing.assert_array_equal(a, b)
+  for a, b in zip(first.optimizer.variables, resumed.optimizer.variables):
+    np.testing.assert_array_equal(a.numpy(), b.numpy())
+  longer = trainer_lib.Trainer(_config(tmp_path, train_steps=3),
+                               cpu_strategy(2))
+  longer.fit(_train_fn(images, labels, 16))
+  assert longer.step == 3
+  assert sorted(os.listdir(tmp_path)).count("checkpoint") == 1
+
+
+def test_metrics_log_has_train_and_eval_lines_counting_every_example(
+    tmp_path):
+  images, labels = _examples(32)
+  num_eval = 21  # not a multiple of the eval batch
+
+  def eval_fn(ctx):
+    batch = ctx.get_per_replica_batch_size(16)
+    mask = np.zeros(32, np.float32)
+    mask[:num_eval] = 1
+    return tf.data.Dataset.from_tensor_slices(
+        (images, labels, mask)).batch(batch)
+
+  cfg = _config(tmp_path, train_steps=2, steps_per_loop=1, eval_every_steps=1)
+  trainer = trainer_lib.Trainer(cfg, cpu_strategy(2))
+  last = trainer.fit(_train_fn(images, labels, 16), eval_fn, eval_steps=2)
+  with open(tmp_path / "metrics.jsonl") as f:
+    records = [json.loads(line) for line in f]
+  assert [r["split"] for r in records] == ["train", "eval"] * 2
+  for record in records:
+    assert set(REQUIRED_KEYS) <= set(record)
+  assert all(r["examples"] == num_eval for r in records
+             if r["split"] == "eval")
+  assert last == records[-1]
+  assert os.listdir(tmp_path / "train") and os.listdir(tmp_path / "eval")
