@@ -1,0 +1,46 @@
+# resnet-tpu: `make demo` and `make test` work on a fresh machine (they create
+# .venv from requirements.txt first).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+DEMO_DATA := demo_data
+DEMO_RUN := runs/demo
+
+.PHONY: venv test demo bench clean
+
+$(VENV)/.installed: requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	touch $@
+
+venv: $(VENV)/.installed
+
+test: venv
+	$(PY) -m pytest -q --durations=15
+
+demo: venv
+	rm -rf $(DEMO_RUN) $(DEMO_DATA)
+	$(PY) -m data.make_synthetic --output_dir=$(DEMO_DATA)/images \
+	    --num_classes=10 --images_per_class=200 \
+	    --validation_images_per_class=25 --image_size=40
+	$(PY) -m data.build_tfrecords --input_dir=$(DEMO_DATA)/images/train \
+	    --output_dir=$(DEMO_DATA)/tfrecords --split=train --num_shards=4
+	$(PY) -m data.build_tfrecords --input_dir=$(DEMO_DATA)/images/validation \
+	    --output_dir=$(DEMO_DATA)/tfrecords --split=validation --num_shards=2
+	$(PY) main.py --flagfile=flags/cpu_demo.cfg \
+	    --data_dir=$(DEMO_DATA)/tfrecords --model_dir=$(DEMO_RUN)
+	$(PY) tools/export_savedmodel.py --model_dir=$(DEMO_RUN) \
+	    --export_dir=$(DEMO_RUN)/export
+	$(PY) tools/evaluate.py --saved_model=$(DEMO_RUN)/export \
+	    --data_dir=$(DEMO_DATA)/tfrecords
+	$(PY) tools/plot_metrics.py --model_dir=$(DEMO_RUN)
+	@echo "Checkpoints and metrics.jsonl: $(DEMO_RUN)/"
+	@echo "TensorBoard logs: tensorboard --logdir $(DEMO_RUN)"
+	@echo "SavedModel: $(DEMO_RUN)/export   Plot: $(DEMO_RUN)/metrics.png"
+
+bench: venv
+	$(PY) -m tools.bench_input --output_dir=bench_results
+
+clean:
+	rm -rf $(DEMO_RUN) $(DEMO_DATA) bench_results/*.tmp

@@ -1,0 +1,58 @@
+"""Bad flag combinations fail before start-up, naming the flag."""
+import pytest
+
+from resnet_tpu.config import TrainConfig
+from resnet_tpu.config import validate
+
+OK = dict(model_dir="/tmp/unused", use_synthetic_data=True, train_steps=1,
+          global_batch_size=64, eval_batch_size=64)
+
+
+def _config(**overrides) -> TrainConfig:
+  return TrainConfig(**{**OK, **overrides})
+
+
+def test_a_good_config_validates():
+  validate(_config(bn_group_size=4), num_replicas=8)
+
+
+@pytest.mark.parametrize("overrides,replicas,flag", [
+    (dict(global_batch_size=60), 8, "--global_batch_size"),
+    (dict(eval_batch_size=12), 8, "--eval_batch_size"),
+    (dict(bn_group_size=3), 8, "--bn_group_size"),
+    (dict(resnet_depth=42), None, "--resnet_depth"),
+    (dict(image_size=16), None, "--image_size"),
+    (dict(precision="float16"), None, "--precision"),
+    (dict(strategy="horovod"), None, "--strategy"),
+    (dict(train_steps=0), None, "--train_steps"),
+    (dict(optimizer="adam"), None, "--optimizer"),
+    (dict(lr_schedule="linear"), None, "--lr_schedule"),
+    (dict(label_smoothing=1.0), None, "--label_smoothing"),
+    (dict(batch_size_schedule="0:100"), None, "--batch_size_schedule"),
+    (dict(batch_size_schedule="5:128"), None, "--batch_size_schedule"),
+    (dict(model_dir=""), None, "--model_dir"),
+])
+def test_bad_setting_is_rejected_naming_its_flag(overrides, replicas, flag):
+  with pytest.raises(ValueError, match=flag):
+    validate(_config(**overrides), num_replicas=replicas)
+
+
+def test_missing_data_dir_is_rejected(tmp_path):
+  with pytest.raises(ValueError, match="--data_dir"):
+    validate(_config(use_synthetic_data=False, data_dir=""))
+  with pytest.raises(ValueError, match="not a directory"):
+    validate(_config(use_synthetic_data=False,
+                     data_dir=str(tmp_path / "nope")))
+
+
+def test_data_dir_without_tfrecords_is_rejected(tmp_path):
+  (tmp_path / "readme.txt").write_text("not a TFRecord")
+  with pytest.raises(ValueError, match="train-"):
+    validate(_config(use_synthetic_data=False, data_dir=str(tmp_path)))
+
+
+def test_batch_size_schedule_sets_steps_from_epochs():
+  cfg = _config(train_steps=0, train_epochs=2, num_train_images=1024,
+                batch_size_schedule="0:64,1:128")
+  # 1024/64 steps in epoch 0, then 1024/128 in epoch 1.
+  assert cfg.total_train_steps == 16 + 8
