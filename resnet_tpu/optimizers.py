@@ -13,6 +13,7 @@ from typing import Optional, Sequence
 from absl import logging
 import keras
 
+from resnet_tpu import collectives
 from resnet_tpu.lars import DEFAULT_EXCLUDE, LARS
 from resnet_tpu.rmsprop_warmup import RMSpropWarmup, SgdShareSchedule
 from resnet_tpu.schedules import EpochClock
@@ -58,7 +59,9 @@ def build_optimizer(
     rmsprop_learning_rate: float = 3e-4, rmsprop_rho: float = 0.99,
     rmsprop_epsilon: float = 1e-8, rmsprop_warmup_center_epochs: float = 10.0,
     rmsprop_warmup_period_epochs: float = 5.0,
-    clock: Optional[EpochClock] = None) -> keras.optimizers.Optimizer:
+    clock: Optional[EpochClock] = None, gradient_all_reduce: str = "auto",
+    all_reduce_grid: Optional[tuple[int, int]] = None
+) -> keras.optimizers.Optimizer:
   """Builds the optimizer `name`; call it under the strategy scope.
 
   Args:
@@ -74,6 +77,9 @@ def build_optimizer(
     rmsprop_warmup_center_epochs, rmsprop_warmup_period_epochs: where the
       SGD share reaches 0.5, and twice the epochs from there to pure SGD.
     clock: maps steps to epochs; required by rmsprop_warmup.
+    gradient_all_reduce, all_reduce_grid: how gradients are summed across
+      replicas (collectives.use_gradient_all_reduce): auto, ring or 2d
+      over an (X, Y) grid (None: the squarest).
   """
   _check_name(name)
   if name == "momentum":
@@ -90,4 +96,5 @@ def build_optimizer(
         rmsprop_epsilon, rmsprop_warmup_center_epochs,
         rmsprop_warmup_period_epochs, clock)
   logging.info("Optimizer %s: %s", name, optimizer.get_config())
-  return optimizer
+  return collectives.use_gradient_all_reduce(optimizer, gradient_all_reduce,
+                                             all_reduce_grid)

@@ -9,6 +9,8 @@ import os
 from absl import logging
 import tensorflow as tf
 
+from resnet_tpu import topology
+
 
 def configure_cpu_replicas(num_replicas: int) -> list[str]:
   """Splits the host CPU into `num_replicas` logical devices.
@@ -23,11 +25,15 @@ def configure_cpu_replicas(num_replicas: int) -> list[str]:
   return [f"/cpu:{i}" for i in range(num_replicas)]
 
 
-def _tpu_strategy(tpu: str) -> tf.distribute.Strategy:
+def _tpu_strategy(tpu: str, bn_group_size: int,
+                  log_topology: bool) -> tf.distribute.Strategy:
   resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
   tf.config.experimental_connect_to_cluster(resolver)
-  tf.tpu.experimental.initialize_tpu_system(resolver)
-  return tf.distribute.TPUStrategy(resolver)
+  slice_topology = tf.tpu.experimental.initialize_tpu_system(resolver)
+  # Replicas in a snake through the torus, BN groups on compact tiles.
+  return tf.distribute.TPUStrategy(
+      resolver, experimental_device_assignment=topology.tpu_device_assignment(
+          slice_topology, bn_group_size, log_topology))
 
 
 def resolve_kind(kind: str, tpu: str) -> str:
@@ -44,11 +50,16 @@ def resolve_kind(kind: str, tpu: str) -> str:
 
 
 def create_strategy(kind: str = "auto", tpu: str = "",
-                    num_cpu_replicas: int = 1) -> tf.distribute.Strategy:
-  """Builds the strategy for `--strategy`/`--tpu`/`--num_cpu_replicas`."""
+                    num_cpu_replicas: int = 1, bn_group_size: int = 1,
+                    log_topology: bool = False) -> tf.distribute.Strategy:
+  """Builds the strategy for `--strategy`/`--tpu`/`--num_cpu_replicas`.
+
+  On TPU, `bn_group_size` shapes the device assignment (topology.py) and
+  `log_topology` logs the replica layout.
+  """
   kind = resolve_kind(kind, tpu)
   if kind == "tpu":
-    strategy = _tpu_strategy(tpu or "local")
+    strategy = _tpu_strategy(tpu or "local", bn_group_size, log_topology)
   elif kind == "gpu":
     gpus = tf.config.list_logical_devices("GPU")
     if not gpus:

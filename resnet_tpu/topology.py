@@ -1,0 +1,299 @@
+"""TPU slice layout: replica ring order and BN group tiles (Ying et al. §3.1).
+
+A TPU slice is a mesh of chips (a 2-D torus on v2/v3, 3-D on v4) with one or
+two TensorCores per chip as TensorFlow sees them; each host drives a box of
+chips (2x2x1 on v2, v3 and v4). TPUStrategy's `experimental_device_assignment`
+decides which core runs logical replica r. `slice_layout` chooses it so that
+
+  * consecutive replicas are neighbours (the same chip, or chips one link
+    apart): the replica order is a snake through the mesh, a ring for 1-D
+    collectives (§3.3);
+  * each distributed-BN group, replicas [k*g, (k+1)*g), is a compact tile:
+    the cores of one chip first, then a box of neighbouring chips on one
+    host, then a box of whole hosts. Its CrossReplicaSum stays on the
+    shortest links, as the MLPerf TPU SSD distributed BN's physical_shape /
+    tile_shape group assignment does.
+
+The order snakes over the grid of tiles and, inside each tile, snakes over
+its chips from the chip next to where the previous tile ended. Everything
+here is plain Python on topology coordinates, so it is tested on CPU with
+`simulated_topology`; `tpu_device_assignment` is the only TPU call site.
+"""
+import dataclasses
+import itertools
+import math
+import re
+from typing import Sequence
+
+from absl import logging
+import numpy as np
+import tensorflow as tf
+
+from resnet_tpu import collectives
+
+Chip = tuple[int, int, int]
+Core = tuple[int, int, int, int]
+# Chips per host on v2, v3 and v4 slices (a 2x2 board).
+HOST_BOX: Chip = (2, 2, 1)
+_SLICE_NAME = re.compile(r"v([234])-(\d+)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class SliceLayout:
+  """Where each replica runs and which chips each BN group covers."""
+  mesh: Chip                        # chips along x, y, z
+  cores_per_chip: int
+  host_box: Chip                    # chips of one host along x, y, z
+  group_size: int
+  tile: Chip                        # chips of one BN group along x, y, z
+  replica_cores: tuple[Core, ...]   # (x, y, z, core) of replica r
+
+  @property
+  def num_replicas(self) -> int:
+    return len(self.replica_cores)
+
+  @property
+  def groups(self) -> list[list[int]]:
+    """The CrossReplicaSum group_assignment of the BN groups."""
+    return collectives.group_assignment(self.num_replicas, self.group_size)
+
+
+def simulated_topology(name: str) -> tf.tpu.experimental.Topology:
+  """The Topology of a v2/v3/v4 slice such as "v3-32", without a TPU.
+
+  The number counts TensorCores, two per chip. v2/v3 chips expose both cores
+  on a 2-D mesh (v3-8: 2x2 chips, v3-1024: 16x32); v4 chips expose one fused
+  core on a 3-D mesh (v4-32: 2x2x4). Hosts are 2x2x1 boxes of chips.
+  """
+  match = _SLICE_NAME.match(name)
+  cores = int(match.group(2)) if match else 0
+  if not match or cores < 8 or cores & (cores - 1):
+    raise ValueError(f"Unknown TPU slice {name!r}: expected v2-N, v3-N or "
+                     "v4-N with N a power of two >= 8.")
+  version = int(match.group(1))
+  mesh = _mesh_shape(cores // 2, axes=3 if version == 4 else 2)
+  cores_per_chip = 1 if version == 4 else 2
+  coordinates = [
+      [host + (core,) for host in _host_chips(origin) for core in
+       range(cores_per_chip)]
+      for origin in _box_origins(_divide(mesh, HOST_BOX), HOST_BOX)]
+  return tf.tpu.experimental.Topology(
+      mesh_shape=list(mesh) + [cores_per_chip],
+      device_coordinates=np.array(coordinates, np.int32))
+
+
+def _mesh_shape(chips: int, axes: int) -> Chip:
+  """Slices grow from 2x2x1 by doubling the last of their shortest axes."""
+  shape = [2, 2, 1]
+  while math.prod(shape) < chips:
+    shortest = min(shape[:axes])
+    last = max(a for a in range(axes) if shape[a] == shortest)
+    shape[last] *= 2
+  return tuple(shape)
+
+
+def _host_chips(origin: Chip) -> list[Chip]:
+  return [tuple(o + d for o, d in zip(origin, offset))
+          for offset in _box_order(HOST_BOX)]
+
+
+def _box_order(shape: Chip) -> list[Chip]:
+  """Every coordinate of a box, x fastest (row-major from z)."""
+  return [(x, y, z) for z in range(shape[2]) for y in range(shape[1])
+          for x in range(shape[0])]
+
+
+def _box_origins(grid: Chip, box: Chip) -> list[Chip]:
+  """First chip of each box of a grid of boxes, x fastest (task order)."""
+  return [tuple(c * b for c, b in zip(cell, box))
+          for cell in _box_order(grid)]
+
+
+def _divide(mesh: Sequence[int], box: Sequence[int]) -> Chip:
+  return tuple(m // b for m, b in zip(mesh, box))
+
+
+# --- layout -------------------------------------------------------------------
+
+
+def slice_layout(topology: tf.tpu.experimental.Topology,
+                 group_size: int) -> SliceLayout:
+  """Replica order and BN tiles for `topology`, one core per replica."""
+  mesh = tuple(int(m) for m in topology.mesh_shape[:3])
+  cores_per_chip = int(topology.mesh_shape[3])
+  host_box = _host_box(topology)
+  tile = _tile_shape(mesh, cores_per_chip, host_box, group_size)
+  replica_cores = tuple(chip + (core,) for chip in _chip_order(mesh, tile)
+                        for core in range(cores_per_chip))
+  return SliceLayout(mesh, cores_per_chip, host_box, group_size, tile,
+                     replica_cores)
+
+
+def _host_box(topology: tf.tpu.experimental.Topology) -> Chip:
+  """The box of chips every host drives; ValueError if hosts are not boxes."""
+  boxes = set()
+  for task_coordinates in topology.device_coordinates:
+    chips = {tuple(int(v) for v in c[:3]) for c in task_coordinates}
+    low = [min(c[a] for c in chips) for a in range(3)]
+    box = tuple(max(c[a] for c in chips) - low[a] + 1 for a in range(3))
+    if math.prod(box) != len(chips) or any(l % b for l, b in zip(low, box)):
+      raise ValueError(f"TPU host chips {sorted(chips)} are not an aligned "
+                       "box; --log_topology shows the topology.")
+    boxes.add(box)
+  if len(boxes) != 1:
+    raise ValueError(f"TPU hosts drive boxes of different shapes: {boxes}.")
+  return boxes.pop()
+
+
+def _tile_shape(mesh: Chip, cores_per_chip: int, host_box: Chip,
+                group_size: int) -> Chip:
+  """The most compact box of chips holding one BN group.
+
+  Groups of at most one host's cores tile the host box; larger groups are
+  boxes of whole hosts. Ties prefer tiles long along x, the snake's fast
+  axis.
+  """
+  if group_size <= cores_per_chip:
+    if cores_per_chip % group_size:
+      raise ValueError(f"--bn_group_size={group_size} must divide the "
+                       f"{cores_per_chip} cores of a chip.")
+    return (1, 1, 1)
+  if group_size % cores_per_chip:
+    raise ValueError(f"--bn_group_size={group_size} must be a multiple of "
+                     f"the {cores_per_chip} cores of a chip.")
+  chips = group_size // cores_per_chip
+  within_host = chips <= math.prod(host_box)
+  candidates = [
+      box for box in itertools.product(*(_divisors(m) for m in mesh))
+      if math.prod(box) == chips and all((h % b == 0) if within_host else (b % h == 0)
+          for b, h in zip(box, host_box))]
+  if not candidates:
+    raise ValueError(
+        f"--bn_group_size={group_size} cannot tile a {_shape(mesh)} slice "
+        f"with {cores_per_chip} cores per chip and {_shape(host_box)} chips "
+        "per host: use a power of two up to the replica count.")
+  return min(candidates, key=lambda box: (sum(box), box[::-1]))
+
+
+def _divisors(n: int) -> list[int]:
+  return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _snake(shape: Sequence[int]) -> list[tuple[int, ...]]:
+  """Boustrophedon through a box, first axis fastest: steps of one link."""
+  order = [()]
+  for size in shape:
+    order = [cell + (i,) for i in range(size)
+             for cell in (order if i % 2 == 0 else order[::-1])]
+  return order
+
+
+def _tile_paths(tile: Chip) -> list[list[Chip]]:
+  """Snakes through a tile from each corner, along each axis order."""
+  paths = set()
+  for axes in itertools.permutations(range(3)):
+    base = _snake([tile[a] for a in axes])
+    for flips in itertools.product((False, True), repeat=3):
+      path = []
+      for cell in base:
+        chip = [0, 0, 0]
+        for value, axis in zip(cell, axes):
+          chip[axis] = tile[axis] - 1 - value if flips[axis] else value
+        path.append(tuple(chip))
+      paths.add(tuple(path))
+  return [list(p) for p in sorted(paths)]
+
+
+def _adjacent(a: Chip, b: Chip) -> bool:
+  return sum(abs(x - y) for x, y in zip(a, b)) == 1
+
+
+def _chip_order(mesh: Chip, tile: Chip) -> list[Chip]:
+  """All chips, tile after tile, each step one link (depth-first search)."""
+  origins = [tuple(c * t for c, t in zip(cell, tile))
+             for cell in _snake(_divide(mesh, tile))]
+  paths = _tile_paths(tile)
+
+  def placed(i: int, choice: int) -> list[Chip]:
+    return [tuple(o + c for o, c in zip(origins[i], chip))
+            for chip in paths[choice]]
+
+  def inside(chip: Chip, i: int) -> bool:
+    return all(o <= c < o + t for c, o, t in zip(chip, origins[i], tile))
+
+  def fits(i: int, choices: list[int]) -> bool:
+    path = placed(i, choices[i])
+    if i and not _adjacent(placed(i - 1, choices[i - 1])[-1], path[0]):
+      return False
+    if i + 1 == len(origins):
+      return True
+    return any(_adjacent(path[-1], chip) and inside(chip, i + 1)
+               for chip in _neighbours(path[-1]))
+
+  choices = [-1] * len(origins)
+  i = 0
+  while 0 <= i < len(origins):
+    choices[i] += 1
+    while choices[i] < len(paths) and not fits(i, choices):
+      choices[i] += 1
+    if choices[i] == len(paths):
+      choices[i] = -1
+      i -= 1
+    else:
+      i += 1
+  if i < 0:
+    raise ValueError(f"No neighbour-to-neighbour order of {_shape(mesh)} "
+                     f"chips in tiles of {_shape(tile)}.")
+  return [chip for i, c in enumerate(choices) for chip in placed(i, c)]
+
+
+def _neighbours(chip: Chip) -> list[Chip]:
+  return [tuple(v + (d if a == axis else 0) for a, v in enumerate(chip))
+          for axis in range(3) for d in (-1, 1)]
+
+
+# --- TPU and logging ------------------------------------------------------
+
+
+def device_assignment(topology: tf.tpu.experimental.Topology,
+                      layout: SliceLayout
+                      ) -> tf.tpu.experimental.DeviceAssignment:
+  """The DeviceAssignment of `layout`: logical replica r on its core."""
+  cores = np.array(layout.replica_cores, np.int32)
+  return tf.tpu.experimental.DeviceAssignment(
+      topology, cores.reshape(layout.num_replicas, 1, 4))
+
+
+def tpu_device_assignment(topology: tf.tpu.experimental.Topology,
+                          group_size: int, log_topology: bool = False
+                          ) -> tf.tpu.experimental.DeviceAssignment:
+  """For TPUStrategy(experimental_device_assignment=...) at start-up."""
+  layout = slice_layout(topology, group_size)
+  if log_topology:
+    for line in format_layout(layout).splitlines():
+      logging.info("%s", line)
+  return device_assignment(topology, layout)
+
+
+def _shape(box: Sequence[int]) -> str:
+  return "x".join(str(int(b)) for b in box)
+
+
+def format_layout(layout: SliceLayout) -> str:
+  """The replica on each core, chip by chip, with its BN group in brackets."""
+  g = layout.group_size
+  lines = [f"TPU slice {_shape(layout.mesh)} chips x {layout.cores_per_chip} "
+           f"cores = {layout.num_replicas} replicas; hosts of "
+           f"{_shape(layout.host_box)} chips; BN groups of {g} replicas on "
+           f"tiles of {_shape(layout.tile)} chips."]
+  at = {core: r for r, core in enumerate(layout.replica_cores)}
+  x_size, y_size, z_size = layout.mesh
+  for z in range(z_size):
+    lines.append(f"z={z}: replicas[BN group] per chip, x across, y down")
+    for y in range(y_size):
+      cells = []
+      for x in range(x_size):
+        replicas = [at[(x, y, z, c)] for c in range(layout.cores_per_chip)]
+        cells.append(",".join(map(str, replicas)) + f"[{replicas[0] // g}]")
+      lines.append(" ".join(cell.rjust(12) for cell in cells))
+  return "\n".join(lines)
