@@ -16,6 +16,7 @@ from resnet_tpu.schedules import SCHEDULES
 
 PRECISIONS = ("float32", "bfloat16")
 STRATEGIES = ("auto", "tpu", "gpu", "cpu", "multi_worker")
+BN_STATS = ("moving_average", "recompute")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +33,8 @@ class TrainConfig:
   bn_group_size: int = 1
   bn_momentum: float = 0.9
   bn_epsilon: float = 1e-5
+  bn_stats: str = "moving_average"
+  bn_recompute_batches: int = 10
   # Distribution.
   strategy: str = "auto"
   tpu: str = ""
@@ -74,6 +77,8 @@ class TrainConfig:
   fused_decode_crop: bool = True
   prefetch: bool = True
   deterministic_input: bool = False
+  # Export.
+  export_dir: str = ""
 
   @property
   def clock(self) -> EpochClock:
@@ -128,6 +133,9 @@ def validate(cfg: TrainConfig, num_replicas: int | None = None) -> None:
          f"--strategy must be one of {STRATEGIES}, got {cfg.strategy!r}.")
   _check(cfg.num_cpu_replicas >= 1, "--num_cpu_replicas must be >= 1.")
   _check(cfg.bn_group_size >= 1, "--bn_group_size must be >= 1.")
+  _check(cfg.bn_stats in BN_STATS,
+         f"--bn_stats must be one of {BN_STATS}, got {cfg.bn_stats!r}.")
+  _check(cfg.bn_recompute_batches >= 1, "--bn_recompute_batches must be >= 1.")
   _check(cfg.global_batch_size >= 1, "--global_batch_size must be >= 1.")
   _check(cfg.eval_batch_size >= 1, "--eval_batch_size must be >= 1.")
   _check(cfg.train_steps > 0 or cfg.train_epochs > 0,

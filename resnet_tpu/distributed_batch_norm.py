@@ -11,10 +11,28 @@ replica count is fully synchronised BN. Gradients flow through the all-reduce.
 Inference mode uses the moving statistics only, so an exported model holds no
 collective op.
 """
+import contextlib
+
 import keras
 import tensorflow as tf
 
 from resnet_tpu import collectives
+
+# id(layer) -> variable that accumulates the layer's local [sum, sum of
+# squares, count] while traced inside `collect_statistics` (bn_recompute.py).
+_statistics_sinks: dict[int, tf.Variable] = {}
+
+
+@contextlib.contextmanager
+def collect_statistics(sinks: dict[int, tf.Variable]):
+  """While tracing under this context, BN layers add their local sums to
+  `sinks[id(layer)]` (Akiba et al.'s recomputed population statistics)."""
+  _statistics_sinks.update(sinks)
+  try:
+    yield
+  finally:
+    for key in sinks:
+      _statistics_sinks.pop(key, None)
 
 
 @keras.saving.register_keras_serializable(package="resnet_tpu")
@@ -60,7 +78,12 @@ class DistributedBatchNormalization(keras.layers.BatchNormalization):
   def _moments(self, inputs, mask):
     if mask is not None:
       raise ValueError("DistributedBatchNormalization does not support masks.")
-    return group_moments(inputs, self._reduction_axes, self.group_size)
+    local = local_sums(inputs, self._reduction_axes)
+    sink = _statistics_sinks.get(id(self))
+    if sink is not None:
+      sink.assign_add(local)
+    return moments_from_sums(
+        collectives.group_all_reduce(local, self.group_size))
 
   def get_config(self):
     config = super().get_config()
@@ -71,20 +94,20 @@ class DistributedBatchNormalization(keras.layers.BatchNormalization):
     return {**config, "group_size": self.group_size}
 
 
-def group_moments(x: tf.Tensor, axes: list[int],
-                  group_size: int) -> tuple[tf.Tensor, tf.Tensor]:
-  """Mean and (biased) variance of `x` over `axes` and the replica group.
+def local_sums(x: tf.Tensor, axes: list[int]) -> tf.Tensor:
+  """[per-channel sum, per-channel sum of squares, count] in float32.
 
-  Per-channel sum, sum of squares and count travel in ONE float32 collective.
+  Concatenated so the group all-reduce is ONE collective per BN layer.
   """
   x = tf.cast(x, tf.float32)
   count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(x), axes)), tf.float32)
-  local_sum = tf.reduce_sum(x, axes)
-  channels = local_sum.shape[0]
-  local = tf.concat(
-      [local_sum, tf.reduce_sum(tf.square(x), axes), count[tf.newaxis]], 0)
-  total = collectives.group_all_reduce(local, group_size)
-  group_sum, group_sq, group_count = tf.split(total, [channels, channels, 1])
-  mean = group_sum / group_count
-  variance = tf.maximum(group_sq / group_count - tf.square(mean), 0.0)
-  return mean, variance
+  return tf.concat([tf.reduce_sum(x, axes), tf.reduce_sum(tf.square(x), axes),
+                    count[tf.newaxis]], 0)
+
+
+def moments_from_sums(sums: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+  """Mean and biased variance from `local_sums` (possibly summed)."""
+  channels = (sums.shape[0] - 1) // 2
+  total, total_sq, count = tf.split(sums, [channels, channels, 1])
+  mean = total / count
+  return mean, tf.maximum(total_sq / count - tf.square(mean), 0.0)

@@ -7,6 +7,7 @@ import dataclasses
 
 from absl import flags
 
+from resnet_tpu.config import BN_STATS
 from resnet_tpu.config import PRECISIONS
 from resnet_tpu.config import STRATEGIES
 from resnet_tpu.config import TrainConfig
@@ -31,6 +32,10 @@ HELP = {
                      "distributed BN (Ying et al. §3.1); 1 = local BN.",
     "bn_momentum": "Moving-average momentum of the BN statistics.",
     "bn_epsilon": "BN variance epsilon.",
+    "bn_stats": "moving_average, or recompute: before each eval and "
+                "checkpoint, set BN statistics to the exact mean/variance of "
+                "--bn_recompute_batches training batches (Akiba et al.).",
+    "bn_recompute_batches": "Training batches for --bn_stats=recompute.",
     "strategy": "auto, tpu, gpu, cpu (virtual CPU replicas) or multi_worker "
                 "(MultiWorkerMirroredStrategy from TF_CONFIG).",
     "tpu": "TPU name or 'local' on a TPU VM; implies --strategy=tpu.",
@@ -76,27 +81,35 @@ HELP = {
     "fused_decode_crop": "Decode only the crop window of each JPEG.",
     "prefetch": "Prefetch batches to overlap input and training.",
     "deterministic_input": "Deterministic input order (slower).",
+    "export_dir": "Write a serving SavedModel of the final checkpoint "
+                  "here (tools/export_savedmodel.py); empty = no export.",
 }
 
-_ENUMS = {"precision": PRECISIONS, "strategy": STRATEGIES,
+_ENUMS = {"bn_stats": BN_STATS, "precision": PRECISIONS,
+          "strategy": STRATEGIES,
           "optimizer": OPTIMIZERS, "lr_schedule": SCHEDULES}
 
 
-def define_flags() -> None:
-  """Defines one absl flag per TrainConfig field."""
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """Defines one absl flag per TrainConfig field in `flag_values`."""
   for field in dataclasses.fields(TrainConfig):
     name, help_text = field.name, HELP[field.name]
     default = _DEFAULTS.get(name)
     if name in _ENUMS:
-      flags.DEFINE_enum(name, default, _ENUMS[name], help_text)
+      flags.DEFINE_enum(name, default, _ENUMS[name], help_text,
+                        flag_values=flag_values)
     elif field.type is bool:
-      flags.DEFINE_bool(name, default, help_text)
+      flags.DEFINE_bool(name, default, help_text,
+                        flag_values=flag_values)
     elif field.type is int:
-      flags.DEFINE_integer(name, default, help_text)
+      flags.DEFINE_integer(name, default, help_text,
+                           flag_values=flag_values)
     elif field.type is float:
-      flags.DEFINE_float(name, default, help_text)
+      flags.DEFINE_float(name, default, help_text,
+                         flag_values=flag_values)
     else:
-      flags.DEFINE_string(name, default, help_text)
+      flags.DEFINE_string(name, default, help_text,
+                          flag_values=flag_values)
 
 
 def config_from_flags(flag_values: flags.FlagValues) -> TrainConfig:

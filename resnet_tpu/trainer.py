@@ -17,6 +17,7 @@ from absl import logging
 import keras
 import tensorflow as tf
 
+from resnet_tpu.bn_recompute import BNStatisticsRecomputer
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.metrics_log import MetricsLog
 from resnet_tpu.model import build_resnet
@@ -112,6 +113,8 @@ class Trainer:
       self.optimizer.build(self.model.trainable_variables)
       self._accumulators = (self._make_accumulators()
                             if cfg.batch_size_schedule else [])
+    self._bn_recomputer = (BNStatisticsRecomputer(self.model, strategy)
+                           if cfg.bn_stats == "recompute" else None)
     in_loss = optimizers.weight_decay_in_loss(cfg.optimizer)
     self._decayed = (decayed_variables(self.model)
                      if in_loss and cfg.weight_decay else [])
@@ -310,10 +313,14 @@ class Trainer:
       step = self.step
       last = self._log_train(result, n * micro_batches, seconds, step,
                              start_step, total)
-      if step % ckpt_every == 0 or step == total:
+      do_save = step % ckpt_every == 0 or step == total
+      do_eval = eval_dataset is not None and (step % eval_every == 0 or
+                                              step == total)
+      if self._bn_recomputer and (do_save or do_eval):
+        self._bn_recomputer.recompute(train_iter, cfg.bn_recompute_batches)
+      if do_save:
         self.save()
-      if eval_dataset is not None and (step % eval_every == 0 or
-                                       step == total):
+      if do_eval:
         last = self.evaluate(eval_dataset, eval_steps)
     self.metrics.flush()
     return last
