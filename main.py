@@ -5,6 +5,7 @@ Flags are defined in resnet_tpu/flags.py; see README.md for the reference.
 from absl import app
 from absl import flags
 from absl import logging
+import tensorflow as tf
 
 from resnet_tpu import flags as resnet_flags
 from resnet_tpu.run import run
@@ -16,6 +17,8 @@ FLAGS = flags.FLAGS
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  # tf.distribute logs every collective it builds at INFO; keep ours readable.
+  tf.get_logger().setLevel("WARNING")
   cfg = resnet_flags.config_from_flags(FLAGS)
   result = run(cfg)
   logging.info("Final: %s", result)
