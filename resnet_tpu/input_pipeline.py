@@ -120,12 +120,14 @@ def _options(cfg: InputConfig, deterministic: bool) -> tf.data.Options:
 
 
 def _records(files: list[str], ctx: tf.distribute.InputContext,
-             cfg: InputConfig, shard_files: bool) -> tf.data.Dataset:
+             cfg: InputConfig, shard_files: bool,
+             max_records: int | None = None) -> tf.data.Dataset:
   """This pipeline's share of the serialized records, optionally cached.
 
   shard_files=True gives each pipeline whole files in a shuffled order;
   otherwise all pipelines read all files in one fixed order and keep every
-  k-th record, which needs a deterministic interleave so that they agree.
+  k-th record of its first `max_records`, which needs a deterministic
+  interleave so that they agree.
   """
   num_pipelines, pipeline_id = ctx.num_input_pipelines, ctx.input_pipeline_id
   if shard_files:
@@ -142,6 +144,8 @@ def _records(files: list[str], ctx: tf.distribute.InputContext,
       num_parallel_calls=_parallelism(cfg.parallel_interleave),
       deterministic=None if shard_files else True)
   if not shard_files:
+    if max_records is not None:
+      records = records.take(max_records)
     records = records.shard(num_pipelines, pipeline_id)
   logging.info("input pipeline %d of %d: %d files, sharded by %s",
                pipeline_id, num_pipelines, len(files),
@@ -216,11 +220,11 @@ def eval_dataset_fn(cfg: InputConfig, global_batch_size: int,
                     num_examples: int) -> DatasetFn:
   """Finite eval dataset_fn: (images, labels, mask float32 [b]), fixed order.
 
-  Each pipeline yields exactly eval_steps(num_examples, global_batch_size)
-  batches per replica it feeds, padded with zero images of mask 0. Records,
-  not files, are sharded, so shards differ by at most one example and always
-  fit the fixed number of steps. `num_examples` must be
-  count_examples(data_dir, "validation").
+  The first `num_examples` records are evaluated (count_examples(data_dir,
+  "validation") of them for the whole split). Each pipeline yields exactly
+  eval_steps(num_examples, global_batch_size) batches per replica it feeds,
+  padded with zero images of mask 0. Records, not files, are sharded, so
+  shards differ by at most one example and always fit that many steps.
   """
   files = split_files(cfg.data_dir, "validation")
   steps = eval_steps(num_examples, global_batch_size)
@@ -234,8 +238,10 @@ def eval_dataset_fn(cfg: InputConfig, global_batch_size: int,
   def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
     batch_size = ctx.get_per_replica_batch_size(global_batch_size)
     num_padded = steps * _examples_per_pipeline(global_batch_size, ctx)
-    dataset = _records(files, ctx, cfg, shard_files=False).map(
-        parse_and_preprocess, num_parallel_calls=_parallelism(cfg.parallel_map))
+    records = _records(files, ctx, cfg, shard_files=False,
+                       max_records=num_examples)
+    dataset = records.map(parse_and_preprocess,
+                          num_parallel_calls=_parallelism(cfg.parallel_map))
     padding = tf.data.Dataset.from_tensors(
         (tf.zeros([cfg.image_size, cfg.image_size, 3], dtype), tf.constant(0),
          tf.constant(0.0))).repeat()

@@ -97,13 +97,17 @@ def test_png_grayscale_and_cmyk_are_reencoded_as_rgb_jpeg(tmp_path):
 
 def test_corrupt_images_are_reported_by_path_and_skipped(tmp_path, caplog):
   input_dir = class_folders(tmp_path / "images")
-  good = (tmp_path / "images" / "n01000000" / "n01000000_0.JPEG").read_bytes()
+  rng = np.random.default_rng(0)
+  noise = rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)
+  cut_short = tf.io.encode_jpeg(noise).numpy()[:3000]
+  # The header survives, so only a full decode finds the damage.
+  assert tf.image.extract_jpeg_shape(cut_short).numpy().tolist() == [64, 64, 3]
   truncated = os.path.join(input_dir, "n01000000", "truncated.JPEG")
   garbage = os.path.join(input_dir, "n02000000", "garbage.JPEG")
   with open(truncated, "wb") as f:
-    f.write(good[:len(good) // 2])
+    f.write(cut_short)
   with open(garbage, "wb") as f:
-    f.write(np.random.default_rng(0).bytes(500))
+    f.write(rng.bytes(500))
   caplog.set_level(logging.WARNING)
   report = build_tfrecords.build(input_dir, str(tmp_path / "records"),
                                  "train", num_shards=3)

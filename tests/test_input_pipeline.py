@@ -129,6 +129,20 @@ def test_eval_counts_every_example_once_with_a_padded_masked_last_batch(
   assert padding == steps * global_batch - num_examples
 
 
+@pytest.mark.parametrize("num_pipelines", [1, 2])
+def test_eval_of_fewer_examples_than_the_split_counts_exactly_that_many(
+    tmp_path, num_pipelines):
+  write_split(tmp_path, "validation", 10, 2)
+  cfg = ip.InputConfig(data_dir=str(tmp_path), image_size=SIZE)
+  dataset_fn = ip.eval_dataset_fn(cfg, 4, num_examples=5)
+  seen = collections.Counter()
+  for i in range(num_pipelines):
+    for _, labels, mask in batches(dataset_fn(context(num_pipelines, i, 2)),
+                                   10):
+      seen.update(labels[mask == 1.0].tolist())
+  assert sum(seen.values()) == len(seen) == 5
+
+
 def test_seeded_deterministic_stream_repeats_and_resumes_at_start_step(
     tmp_path):
   write_split(tmp_path, "train", 12, 3)
