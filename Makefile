@@ -39,8 +39,15 @@ demo: venv
 	@echo "TensorBoard logs: tensorboard --logdir $(DEMO_RUN)"
 	@echo "SavedModel: $(DEMO_RUN)/export   Plot: $(DEMO_RUN)/metrics.png"
 
+# Each benchmark alternates its variants and merges its headline ratios into
+# bench_results/summary.json; bench_report assembles REPORT.md.
 bench: venv
+	$(PY) -m tools.bench_train --output_dir=bench_results
+	$(PY) -m tools.bench_bn_groups --output_dir=bench_results
+	$(PY) -m tools.bench_collectives --output_dir=bench_results
 	$(PY) -m tools.bench_input --output_dir=bench_results
+	$(PY) -m tools.allreduce_sim --output_dir=bench_results
+	$(PY) -m tools.bench_report --output_dir=bench_results
 
 clean:
 	rm -rf $(DEMO_RUN) $(DEMO_DATA) bench_results/*.tmp

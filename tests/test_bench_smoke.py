@@ -1,0 +1,47 @@
+"""Every benchmark runs at its tiniest setting, so none can rot.
+
+No timing is asserted here: performance lives in `make bench`.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(module: str, output_dir, *args, timeout=300):
+  result = subprocess.run(
+      [sys.executable, "-m", module, f"--output_dir={output_dir}", *args],
+      cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return result
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+  out = tmp_path_factory.mktemp("bench")
+  _run("tools.bench_train", out, "--tiny",
+       f"--scratch_dir={out}/scratch_train")
+  _run("tools.bench_bn_groups", out, "--tiny",
+       f"--scratch_dir={out}/scratch_bn")
+  _run("tools.bench_report", out)
+  return out
+
+
+def test_training_benchmarks_write_the_summary_keys(results):
+  with open(results / "summary.json") as f:
+    summary = json.load(f)
+  for key in ("ours_vs_keras_fp32", "ours_vs_keras_bf16", "mfu_bf16",
+              "bn_group4_vs_group1"):
+    assert isinstance(summary[key], float) and summary[key] > 0, key
+
+
+def test_report_holds_every_table(results):
+  text = (results / "REPORT.md").read_text()
+  for heading in ("ours vs keras.applications.ResNet50",
+                  "Model FLOP utilisation", "Host loop",
+                  "Distributed BN: group size"):
+    assert heading in text

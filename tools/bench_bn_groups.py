@@ -1,0 +1,103 @@
+"""Distributed-BN cost (Ying et al. §3.1): bn_group_size 1 vs 4 vs 8.
+
+  python -m tools.bench_bn_groups --output_dir=bench_results [--tiny]
+
+8 virtual CPU replicas under MirroredStrategy, the same per-replica batch,
+ResNet trained by the production loop; only the BN group size changes. The
+step-time ratio group 4 / group 1 is the price of pooling statistics over 4
+replicas (one float32 group all-reduce per BN layer, forward and backward).
+"""
+from absl import app
+from absl import flags
+from absl import logging
+import tensorflow as tf
+
+from resnet_tpu import input_pipeline
+from resnet_tpu.config import TrainConfig
+from resnet_tpu.strategy import configure_cpu_replicas
+from resnet_tpu.trainer import Trainer
+from tools import bench_common
+
+FLAGS = flags.FLAGS
+REPLICAS = 8
+GROUPS = (1, 4, 8)
+
+
+def step_timer(strategy, group_size: int, depth: int, image_size: int,
+               per_replica: int, steps: int, tmp: str):
+  """A callable timing one training step at `group_size`, warmed up."""
+  batch = per_replica * REPLICAS
+  cfg = TrainConfig(
+      model_dir=f"{tmp}/group{group_size}", use_synthetic_data=True,
+      resnet_depth=depth, num_classes=1000, image_size=image_size,
+      bn_group_size=group_size, global_batch_size=batch,
+      eval_batch_size=batch, train_steps=1, lr_schedule="constant",
+      warmup_epochs=0.0)
+  trainer = Trainer(cfg, strategy)
+  iterator = iter(strategy.distribute_datasets_from_function(
+      input_pipeline.synthetic_dataset_fn(image_size, 1000, batch,
+                                          "float32")))
+  n = tf.constant(steps)
+  trainer.train_loop(iterator, n).numpy()
+  return lambda: bench_common.seconds_per_call(
+      lambda: trainer.train_loop(iterator, n).numpy(), 1) / steps
+
+
+def markdown(summary: dict, setup: dict) -> str:
+  base = summary["bn_group_size=1"]["median"]
+  lines = [
+      "### Distributed BN: group size on 8 virtual CPU replicas",
+      "",
+      f"ResNet-{setup['depth']}, {setup['image_size']} px, "
+      f"{setup['per_replica']} images per replica, {setup['repetitions']} "
+      f"alternating repetitions of {setup['steps']} steps.",
+      "",
+      "| bn_group_size | ms/step (min-max) | vs group 1 |",
+      "|---|---:|---:|",
+  ]
+  for name, v in summary.items():
+    lines.append(f"| {name.split('=')[1]} | {v['median'] * 1e3:.1f} "
+                 f"({v['min'] * 1e3:.1f}-{v['max'] * 1e3:.1f}) | "
+                 f"{v['median'] / base:.3f}x |")
+  return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  tf.get_logger().setLevel("WARNING")
+  setup = dict(depth=FLAGS.resnet_depth, image_size=FLAGS.image_size,
+               per_replica=FLAGS.per_replica_batch, steps=FLAGS.steps,
+               repetitions=FLAGS.repetitions)
+  if FLAGS.tiny:
+    setup.update(depth=18, image_size=32, per_replica=1, steps=1,
+                 repetitions=1)
+  strategy = tf.distribute.MirroredStrategy(configure_cpu_replicas(REPLICAS))
+  timers = {f"bn_group_size={g}": step_timer(
+      strategy, g, setup["depth"], setup["image_size"], setup["per_replica"],
+      setup["steps"], FLAGS.scratch_dir) for g in GROUPS}
+  summary = bench_common.summarise(
+      bench_common.alternate(timers, setup["repetitions"]))
+  ratio = (summary["bn_group_size=4"]["median"] /
+           summary["bn_group_size=1"]["median"])
+  report = markdown(summary, setup)
+  bench_common.write_json(FLAGS.output_dir, "bn_groups.json", {
+      "setup": setup, "machine": bench_common.machine(), "summary": summary,
+      "bn_group4_vs_group1": ratio})
+  with open(f"{FLAGS.output_dir}/bn_groups.md", "w") as f:
+    f.write(report)
+  bench_common.merge_summary(FLAGS.output_dir, {"bn_group4_vs_group1": ratio})
+  print(report)
+  logging.info("bn_group4_vs_group1 = %.3f", ratio)
+
+
+if __name__ == "__main__":
+  flags.DEFINE_string("output_dir", "bench_results", "Where results go.")
+  flags.DEFINE_string("scratch_dir", "/tmp/resnet_tpu_bench_bn",
+                      "Scratch model_dir (nothing is saved there).")
+  flags.DEFINE_integer("resnet_depth", 50, "ResNet depth.")
+  flags.DEFINE_integer("image_size", 64, "Image side.")
+  flags.DEFINE_integer("per_replica_batch", 4, "Images per replica.")
+  flags.DEFINE_integer("steps", 2, "Training steps per timed call.")
+  flags.DEFINE_integer("repetitions", 3, "Alternating repetitions.")
+  flags.DEFINE_bool("tiny", False, "Smoke-test sizes.")
+  app.run(main)

@@ -1,0 +1,75 @@
+"""Shared benchmark plumbing: alternating repetitions, medians, summary.json.
+
+Every benchmark runs its variants A B A B ... so machine noise hits all of
+them alike, reports the median and the min-max spread, and merges its
+headline ratios into bench_results/summary.json.
+"""
+import json
+import os
+import platform
+import statistics
+import time
+from typing import Callable
+
+import tensorflow as tf
+
+
+def alternate(variants: dict[str, Callable[[], float]],
+              repetitions: int) -> dict[str, list[float]]:
+  """Calls each variant once per repetition, in turn; collects the results."""
+  results = {name: [] for name in variants}
+  for _ in range(repetitions):
+    for name, measure in variants.items():
+      results[name].append(measure())
+  return results
+
+
+def summarise(runs: dict[str, list[float]]) -> dict[str, dict]:
+  """Median, min, max and the raw runs of each variant."""
+  return {name: {"median": statistics.median(values), "min": min(values),
+                 "max": max(values), "runs": values}
+          for name, values in runs.items()}
+
+
+def seconds_per_call(fn: Callable[[], object], calls: int) -> float:
+  """Wall seconds per call of `fn` (which must block until done)."""
+  start = time.perf_counter()
+  for _ in range(calls):
+    fn()
+  return (time.perf_counter() - start) / calls
+
+
+def machine() -> dict:
+  """Cores, CPU model and TF version, for the report header."""
+  model = platform.processor() or platform.machine()
+  try:
+    with open("/proc/cpuinfo") as f:
+      model = next(line.split(":", 1)[1].strip() for line in f
+                   if line.startswith("model name"))
+  except (OSError, StopIteration):
+    pass
+  return {"cores": os.cpu_count(), "cpu": model,
+          "tensorflow": tf.__version__,
+          "date": time.strftime("%Y-%m-%d")}
+
+
+def write_json(output_dir: str, name: str, payload: dict) -> str:
+  os.makedirs(output_dir, exist_ok=True)
+  path = os.path.join(output_dir, name)
+  with open(path, "w") as f:
+    json.dump(payload, f, indent=2, sort_keys=True)
+  return path
+
+
+def merge_summary(output_dir: str, ratios: dict[str, float]) -> None:
+  """Adds `ratios` to summary.json, keeping the other benchmarks' keys."""
+  path = os.path.join(output_dir, "summary.json")
+  merged = {}
+  if os.path.exists(path):
+    with open(path) as f:
+      merged = json.load(f)
+  merged.update(ratios)
+  os.makedirs(output_dir, exist_ok=True)
+  with open(path + ".tmp", "w") as f:
+    json.dump(merged, f, indent=2, sort_keys=True)
+  os.replace(path + ".tmp", path)
