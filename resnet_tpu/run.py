@@ -7,6 +7,7 @@ from absl import logging
 import tensorflow as tf
 
 from resnet_tpu import config as config_lib
+from resnet_tpu import export
 from resnet_tpu import input_pipeline
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.strategy import create_strategy
@@ -37,13 +38,27 @@ def num_eval_examples(cfg: TrainConfig) -> int:
 
 
 def run(cfg: TrainConfig) -> dict:
-  """Validates `cfg`, trains and evaluates; returns the last eval record."""
+  """Validates `cfg`, trains, evaluates and exports; returns the last eval.
+
+  Writes <model_dir>/config.json first (export.write_config) and, when
+  cfg.export_dir is set, a SavedModel of the final checkpoint last.
+  """
   cpu = resolve_kind(cfg.strategy, cfg.tpu) == "cpu"
   config_lib.validate(cfg, cfg.num_cpu_replicas if cpu else None)
   tf.keras.utils.set_random_seed(cfg.seed)
   strategy = create_strategy(cfg.strategy, cfg.tpu, cfg.num_cpu_replicas)
   config_lib.validate_replicas(cfg, strategy.num_replicas_in_sync)
   trainer = Trainer(cfg, strategy)
+  if trainer.chief:
+    export.write_config(cfg)
+  result = train(cfg, trainer)
+  if cfg.export_dir and trainer.chief:
+    export.export_saved_model(cfg.model_dir, cfg.export_dir)
+  return result
+
+
+def train(cfg: TrainConfig, trainer: Trainer) -> dict:
+  """Runs `trainer.fit` on the synthetic or the TFRecord input of `cfg`."""
   if cfg.use_synthetic_data:
     train_fn = input_pipeline.synthetic_dataset_fn(
         cfg.image_size, cfg.num_classes, cfg.global_batch_size,

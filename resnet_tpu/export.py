@@ -1,0 +1,170 @@
+"""SavedModel export for serving, free of the collectives of distributed BN.
+
+A run writes `<model_dir>/config.json` when it starts (`write_config`), so the
+export and evaluation tools need only --model_dir to rebuild the network.
+`export_saved_model` builds that network OUTSIDE any distribution strategy in
+float32 (even after bfloat16 training: the checkpoint variables are float32),
+restores only the model weights of a checkpoint and saves a SavedModel in
+inference mode. Distributed BN (Ying et al. 2018, §3.1) normalises with its
+moving statistics there, so the graph holds no collective op and loads with
+plain `tf.saved_model.load` in a process that never imported resnet_tpu.
+
+Signatures (each returns `logits` float32 [N, C], `probabilities` float32
+[N, C] and `top5_classes` int32 [N, min(5, C)], class ids 0-based):
+  serving_default  images: float32 [N, S, S, 3], raw RGB pixels in 0..255
+  serve_uint8      images: uint8 [N, S, S, 3]
+  serve_jpeg       image_bytes: string [N], encoded JPEGs, preprocessed exactly
+                   as the training-time eval (preprocessing.preprocess_for_eval)
+The loaded object's `serve` function accepts both float32 and uint8 images.
+It also carries `image_size`, `num_classes` and `label_offset` (int variables;
+label_offset is what the run subtracted from TFRecord labels) and, when the
+data_dir of the run had one, `labels_file`: an asset copied from the
+`synsets.txt` of data/build_tfrecords.py (`<class id>\\t<synset>` per line).
+"""
+import dataclasses
+import json
+import os
+
+from absl import logging
+import keras
+import tensorflow as tf
+
+from resnet_tpu import preprocessing
+from resnet_tpu.config import TrainConfig
+from resnet_tpu.model import build_resnet
+from resnet_tpu.trainer import dtype_policy
+
+CONFIG_FILE = "config.json"
+# Written by data/build_tfrecords.py next to the TFRecords.
+LABELS_FILE = "synsets.txt"
+TOP_K = 5
+# The config.json keys that rebuild the network and its inputs.
+MODEL_KEYS = ("resnet_depth", "num_classes", "image_size", "bn_group_size",
+              "bn_momentum", "bn_epsilon", "precision", "label_offset")
+
+
+def write_config(cfg: TrainConfig) -> str:
+  """Writes `<model_dir>/config.json`: every TrainConfig field + labels_file.
+
+  `labels_file` is the synsets.txt of cfg.data_dir when it exists, else "".
+  """
+  labels = os.path.join(cfg.data_dir, LABELS_FILE) if cfg.data_dir else ""
+  record = dict(dataclasses.asdict(cfg),
+                labels_file=labels if labels and tf.io.gfile.exists(labels)
+                else "")
+  tf.io.gfile.makedirs(cfg.model_dir)
+  path = os.path.join(cfg.model_dir, CONFIG_FILE)
+  with tf.io.gfile.GFile(path, "w") as f:
+    f.write(json.dumps(record, indent=2, sort_keys=True) + "\n")
+  return path
+
+
+def read_config(model_dir: str) -> dict:
+  """The config.json of a run; ValueError if it is missing or incomplete."""
+  path = os.path.join(model_dir, CONFIG_FILE)
+  if not tf.io.gfile.exists(path):
+    raise ValueError(f"--model_dir={model_dir!r} has no {CONFIG_FILE}; it is "
+                     "written when a training run (main.py) starts.")
+  with tf.io.gfile.GFile(path) as f:
+    record = json.load(f)
+  missing = [k for k in MODEL_KEYS if k not in record]
+  if missing:
+    raise ValueError(f"{path} lacks the keys {missing}.")
+  return record
+
+
+def checkpoint_path(model_dir: str, checkpoint: str = "") -> str:
+  """`checkpoint` if given, else the latest checkpoint of `model_dir`."""
+  path = checkpoint or tf.train.latest_checkpoint(model_dir)
+  if not path:
+    raise ValueError(f"--model_dir={model_dir!r} holds no checkpoint; train "
+                     "first or pass --checkpoint.")
+  if not tf.io.gfile.exists(path + ".index"):
+    raise ValueError(f"--checkpoint={path!r} is not a checkpoint (expected "
+                     f"{path}.index, e.g. {model_dir}/ckpt-100).")
+  return path
+
+
+def restore_inference_model(config: dict, path: str) -> keras.Model:
+  """The float32 network of `config` with the model weights of `path`.
+
+  Built outside any strategy; the optimizer state in the checkpoint is
+  ignored, but every model variable must be restored.
+  """
+  with dtype_policy("float32"):
+    model = build_resnet(config["resnet_depth"], config["num_classes"],
+                         config["image_size"], config["bn_group_size"],
+                         config["bn_momentum"], config["bn_epsilon"])
+  try:
+    tf.train.Checkpoint(model=model).restore(
+        path).expect_partial().assert_existing_objects_matched()
+  except (AssertionError, ValueError) as error:
+    raise ValueError(f"checkpoint {path} does not match the ResNet-"
+                     f"{config['resnet_depth']} of {CONFIG_FILE}: "
+                     f"{error}") from error
+  return model
+
+
+class ServingModule(tf.Module):
+  """The exported object: a Keras model and its three serving functions."""
+
+  def __init__(self, model: keras.Model, config: dict):
+    super().__init__(name="resnet_serving")
+    self.model = model
+    self._size = config["image_size"]
+    self.image_size = tf.Variable(self._size, trainable=False)
+    self.num_classes = tf.Variable(config["num_classes"], trainable=False)
+    self.label_offset = tf.Variable(config["label_offset"], trainable=False)
+    labels = config.get("labels_file", "")
+    if labels and tf.io.gfile.exists(labels):
+      self.labels_file = tf.saved_model.Asset(labels)
+    elif labels:
+      logging.warning("Labels file %s not found; exporting without it.",
+                      labels)
+
+  def _outputs(self, images: tf.Tensor) -> dict:
+    logits = tf.cast(self.model(images, training=False), tf.float32)
+    k = min(TOP_K, logits.shape[-1])
+    return {"logits": logits,
+            "probabilities": tf.nn.softmax(logits),
+            "top5_classes": tf.math.top_k(logits, k).indices}
+
+  @tf.function
+  def serve(self, images: tf.Tensor) -> dict:
+    """Images [N, S, S, 3] in 0..255, float32 or uint8 -> outputs."""
+    return self._outputs(tf.cast(images, tf.float32))
+
+  @tf.function
+  def serve_jpeg(self, image_bytes: tf.Tensor) -> dict:
+    """Encoded JPEGs [N] -> the eval preprocessing -> outputs."""
+    size = self._size
+    images = tf.map_fn(
+        lambda b: preprocessing.preprocess_for_eval(b, size), image_bytes,
+        fn_output_signature=tf.TensorSpec([size, size, 3], tf.float32))
+    return self._outputs(images)
+
+  def serving_signatures(self) -> dict:
+    """serving_default (float32), serve_uint8 and serve_jpeg."""
+    shape = [None, self._size, self._size, 3]
+    return {
+        "serving_default": self.serve.get_concrete_function(
+            tf.TensorSpec(shape, tf.float32, name="images")),
+        "serve_uint8": self.serve.get_concrete_function(
+            tf.TensorSpec(shape, tf.uint8, name="images")),
+        "serve_jpeg": self.serve_jpeg.get_concrete_function(
+            tf.TensorSpec([None], tf.string, name="image_bytes")),
+    }
+
+
+def export_saved_model(model_dir: str, export_dir: str,
+                       checkpoint: str = "") -> str:
+  """Exports the latest (or the named) checkpoint of a run; returns its path."""
+  config = read_config(model_dir)
+  path = checkpoint_path(model_dir, checkpoint)
+  module = ServingModule(restore_inference_model(config, path), config)
+  tf.saved_model.save(module, export_dir,
+                      signatures=module.serving_signatures())
+  logging.info("Exported %s (ResNet-%d, %dpx, %d classes) to %s", path,
+               config["resnet_depth"], config["image_size"],
+               config["num_classes"], export_dir)
+  return path
