@@ -1,0 +1,115 @@
+"""Specification of tools/evaluate.py on the export of a real training run."""
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import tensorflow as tf
+
+from data.build_tfrecords import build
+from data.build_tfrecords import image_example
+from data.make_synthetic import make_synthetic
+from resnet_tpu import export
+from resnet_tpu.config import TrainConfig
+from resnet_tpu.metrics_log import read_metrics
+from resnet_tpu.run import run
+from tools import evaluate
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CLASSES = 4
+# 4 classes x 3 = 12 validation images: not a multiple of EVAL_BATCH.
+VALIDATION_PER_CLASS = 3
+EVAL_BATCH = 8
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """ResNet-18 at 32 px, 4 steps on 2 CPU replicas, exported by run()."""
+  root = tmp_path_factory.mktemp("evaluate")
+  make_synthetic(str(root / "images"), num_classes=CLASSES,
+                 images_per_class=4,
+                 validation_images_per_class=VALIDATION_PER_CLASS,
+                 image_size=40)
+  data_dir = str(root / "data")
+  build(str(root / "images" / "train"), data_dir, "train", 2)
+  build(str(root / "images" / "validation"), data_dir, "validation", 2)
+  # Each strategy numbers its collectives from one base; keep them apart
+  # from other tests' strategies (as conftest.cpu_strategy does).
+  tf.distribute.MirroredStrategy._collective_key_base += 100000
+  cfg = TrainConfig(
+      model_dir=str(root / "model"), data_dir=data_dir, resnet_depth=18,
+      num_classes=CLASSES, image_size=32, strategy="cpu", num_cpu_replicas=2,
+      bn_group_size=2, global_batch_size=8, eval_batch_size=EVAL_BATCH,
+      train_steps=4, steps_per_loop=4, num_train_images=16, warmup_epochs=0,
+      export_dir=str(root / "export"))
+  run(cfg)
+  return cfg
+
+
+def test_evaluate_cli_reproduces_in_training_eval_of_same_checkpoint(
+    trained):
+  result = subprocess.run(
+      [sys.executable, "tools/evaluate.py",
+       f"--saved_model={trained.export_dir}", f"--data_dir={trained.data_dir}",
+       "--batch_size=5"],
+      cwd=REPO, text=True, capture_output=True, timeout=120)
+  assert result.returncode == 0, result.stderr[-3000:]
+  last_line = json.loads(result.stdout.strip().splitlines()[-1])
+  in_training = [r for r in read_metrics(trained.model_dir)
+                 if r["split"] == "eval"][-1]
+  assert in_training["step"] == trained.train_steps
+  assert last_line == {"top1": in_training["top1"],
+                       "top5": in_training["top5"],
+                       "examples": CLASSES * VALIDATION_PER_CLASS}
+  assert in_training["examples"] == CLASSES * VALIDATION_PER_CLASS
+
+
+def test_run_writes_config_json_of_the_trained_network(trained):
+  config = export.read_config(trained.model_dir)
+  assert (config["resnet_depth"], config["image_size"],
+          config["num_classes"], config["bn_group_size"]) == (18, 32, 4, 2)
+  assert config["labels_file"] == os.path.join(trained.data_dir,
+                                               "synsets.txt")
+
+
+def test_undecodable_jpeg_is_reported_by_record_and_counted(
+    trained, tmp_path, caplog):
+  data_dir = tmp_path / "data"
+  shutil.copytree(trained.data_dir, data_dir)
+  bad_file = data_dir / "validation-00002-of-00003"
+  with tf.io.TFRecordWriter(str(bad_file)) as writer:
+    writer.write(image_example("good.JPEG", _jpeg(), 8, 8, "n00000000",
+                               1).SerializeToString())
+    writer.write(image_example("broken.JPEG", b"\xff\xd8\xffnot a jpeg", 8,
+                               8, "n00000000", 1).SerializeToString())
+  with caplog.at_level(logging.WARNING):
+    result = evaluate.evaluate(trained.export_dir, str(data_dir),
+                               batch_size=EVAL_BATCH)
+  assert result["errors"] == 1
+  assert result["examples"] == CLASSES * VALIDATION_PER_CLASS + 1
+  assert f"{bad_file} record 1 (broken.JPEG)" in caplog.text
+
+
+def _jpeg() -> bytes:
+  image = tf.fill([8, 8, 3], tf.constant(90, tf.uint8))
+  return tf.io.encode_jpeg(image).numpy()
+
+
+def test_every_example_counts_whatever_the_batch_size(trained):
+  for batch_size in (1, 100):
+    result = evaluate.evaluate(trained.export_dir, trained.data_dir,
+                               batch_size=batch_size)
+    assert result["examples"] == CLASSES * VALIDATION_PER_CLASS
+    assert "errors" not in result
+
+
+def test_bad_paths_give_clear_errors(trained, tmp_path):
+  with pytest.raises(ValueError, match="--saved_model=.* is not a SavedModel"):
+    evaluate.evaluate(str(tmp_path / "missing"), trained.data_dir)
+  with pytest.raises(ValueError, match="no TFRecord files match"):
+    evaluate.evaluate(trained.export_dir, str(tmp_path))
+  with pytest.raises(ValueError, match="--batch_size must be >= 1"):
+    evaluate.evaluate(trained.export_dir, trained.data_dir, batch_size=0)
