@@ -136,9 +136,10 @@ def _host_box(topology: tf.tpu.experimental.Topology) -> Chip:
     chips = {tuple(int(v) for v in c[:3]) for c in task_coordinates}
     low = [min(c[a] for c in chips) for a in range(3)]
     box = tuple(max(c[a] for c in chips) - low[a] + 1 for a in range(3))
-    if math.prod(box) != len(chips) or any(l % b for l, b in zip(low, box)):
+    if math.prod(box) != len(chips) or any(lo % b for lo, b in zip(low, box)):
       raise ValueError(f"TPU host chips {sorted(chips)} are not an aligned "
-                       "box; --log_topology shows the topology.")
+                       "box: the BN tiles need hosts that drive aligned "
+                       "boxes of chips.")
     boxes.add(box)
   if len(boxes) != 1:
     raise ValueError(f"TPU hosts drive boxes of different shapes: {boxes}.")
@@ -163,16 +164,22 @@ def _tile_shape(mesh: Chip, cores_per_chip: int, host_box: Chip,
                      f"the {cores_per_chip} cores of a chip.")
   chips = group_size // cores_per_chip
   within_host = chips <= math.prod(host_box)
-  candidates = [
-      box for box in itertools.product(*(_divisors(m) for m in mesh))
-      if math.prod(box) == chips and all((h % b == 0) if within_host else (b % h == 0)
-          for b, h in zip(box, host_box))]
+  candidates = [box for box in itertools.product(*map(_divisors, mesh))
+                if math.prod(box) == chips and
+                _fits_hosts(box, host_box, within_host)]
   if not candidates:
     raise ValueError(
         f"--bn_group_size={group_size} cannot tile a {_shape(mesh)} slice "
         f"with {cores_per_chip} cores per chip and {_shape(host_box)} chips "
         "per host: use a power of two up to the replica count.")
   return min(candidates, key=lambda box: (sum(box), box[::-1]))
+
+
+def _fits_hosts(box: Chip, host_box: Chip, within_host: bool) -> bool:
+  """Inside one host's box, or made of whole host boxes (both aligned)."""
+  if within_host:
+    return all(h % b == 0 for b, h in zip(box, host_box))
+  return all(b % h == 0 for b, h in zip(box, host_box))
 
 
 def _divisors(n: int) -> list[int]:
