@@ -7,7 +7,8 @@ switched on one at a time, next to the decode-only ceiling: tf.io.decode_jpeg
 alone on in-memory bytes with the same thread count. Every measurement builds
 a fresh iterator, warms it up for an epoch (so that `cache` is full), then
 counts batches for --seconds. Variants alternate within each repetition; the
-table gives the median and the min-max over repetitions.
+table gives the median and the min-max over repetitions, and the median CPU
+time per image, which other load on a shared machine disturbs far less.
 
   python -m tools.bench_input          # bench_results/input.{json,md}
   python -m tools.bench_input --tiny   # smoke test, < 20 s
@@ -35,8 +36,8 @@ FLAGS = flags.FLAGS
 
 SOURCE_HEIGHT, SOURCE_WIDTH = 375, 500
 JPEG_QUALITY = 93
-TINY = dict(num_images=24, num_files=4, image_size=64, batch_size=8,
-            repetitions=1, seconds=0.3)
+TINY = dict(num_images=16, num_files=4, image_size=64, batch_size=8,
+            repetitions=1, seconds=0.25)
 _OFF = dict(parallel_interleave=False, parallel_map=False,
             fused_decode_crop=False, cache_dataset=False, prefetch=False)
 _PARALLEL = {**_OFF, "parallel_interleave": True, "parallel_map": True}
@@ -94,24 +95,29 @@ def decode_ceiling_dataset(jpegs: list[bytes], batch_size: int,
   return dataset.with_options(options)
 
 
-def images_per_second(make_dataset: Callable[[], tf.data.Dataset],
-                      batch_size: int, warmup_batches: int,
-                      seconds: float) -> float:
-  """Throughput of a fresh iterator after `warmup_batches`, over `seconds`."""
+def measure(make_dataset: Callable[[], tf.data.Dataset], batch_size: int,
+            warmup_batches: int, seconds: float) -> tuple[float, float]:
+  """(images/s, CPU ms per image) of a fresh iterator after a warm-up.
+
+  The CPU time of the whole process per image does not depend on what else
+  the machine runs, so it is the steadier number on a shared machine.
+  """
   iterator = iter(make_dataset())
   for _ in range(warmup_batches):
     next(iterator)
-  batches, start = 0, time.perf_counter()
+  batches, start, cpu_start = 0, time.perf_counter(), time.process_time()
   while time.perf_counter() - start < seconds:
     next(iterator)
     batches += 1
-  return batches * batch_size / (time.perf_counter() - start)
+  images = batches * batch_size
+  return (images / (time.perf_counter() - start),
+          1e3 * (time.process_time() - cpu_start) / images)
 
 
 def run_ablation(data_dir: str, jpegs: list[bytes], image_size: int,
                  batch_size: int, repetitions: int, seconds: float,
-                 threads: int) -> dict[str, list[float]]:
-  """images/s of each variant per repetition, variants alternating."""
+                 threads: int) -> dict[str, list[tuple[float, float]]]:
+  """(images/s, CPU ms/image) per variant and repetition, alternating."""
   def pipeline(switches):
     cfg = input_pipeline.InputConfig(data_dir=data_dir, image_size=image_size,
                                      private_threadpool_size=threads,
@@ -122,20 +128,23 @@ def run_ablation(data_dir: str, jpegs: list[bytes], image_size: int,
   makers = {name: pipeline(switches) for name, switches in VARIANTS.items()}
   makers[CEILING] = lambda: decode_ceiling_dataset(jpegs, batch_size, threads)
   warmup_batches = math.ceil(len(jpegs) / batch_size) + 2
-  rates = {name: [] for name in makers}
+  runs = {name: [] for name in makers}
   for repetition in range(repetitions):
     for name, make in makers.items():
-      rates[name].append(
-          images_per_second(make, batch_size, warmup_batches, seconds))
-      logging.info("repetition %d: %s: %.1f images/s", repetition, name,
-                   rates[name][-1])
-  return rates
+      runs[name].append(measure(make, batch_size, warmup_batches, seconds))
+      logging.info("repetition %d: %s: %.1f images/s, %.2f CPU ms/image",
+                   repetition, name, *runs[name][-1])
+  return runs
 
 
-def summarise(rates: dict[str, list[float]]) -> dict[str, dict]:
-  return {name: {"median": statistics.median(runs), "min": min(runs),
-                 "max": max(runs), "runs": runs}
-          for name, runs in rates.items()}
+def summarise(runs: dict[str, list[tuple[float, float]]]) -> dict[str, dict]:
+  summary = {}
+  for name, measured in runs.items():
+    rates, cpu_ms = zip(*measured)
+    summary[name] = {"median": statistics.median(rates), "min": min(rates),
+                     "max": max(rates), "runs": list(rates),
+                     "cpu_ms_per_image": statistics.median(cpu_ms)}
+  return summary
 
 
 def headline_ratios(summary: dict[str, dict]) -> dict[str, float]:
@@ -155,12 +164,13 @@ def markdown_table(summary: dict[str, dict], setup: dict) -> str:
       f"crops, batch {setup['batch_size']}, {setup['threads']} threads, "
       f"{setup['repetitions']} x {setup['seconds']} s per variant.",
       "",
-      "| variant | images/s (median) | min-max | vs base |",
-      "|---|---:|---:|---:|",
+      "| variant | images/s (median) | min-max | vs base | CPU ms/image |",
+      "|---|---:|---:|---:|---:|",
   ]
   for name, s in summary.items():
     lines.append(f"| {name} | {s['median']:.1f} | {s['min']:.1f}-"
-                 f"{s['max']:.1f} | {s['median'] / base:.2f}x |")
+                 f"{s['max']:.1f} | {s['median'] / base:.2f}x | "
+                 f"{s['cpu_ms_per_image']:.2f} |")
   return "\n".join(lines) + "\n"
 
 
@@ -211,10 +221,10 @@ def main(argv: list[str]) -> None:
   with tempfile.TemporaryDirectory() as data_dir:
     jpegs = write_dataset(data_dir, setup["num_images"], setup["num_files"])
     setup["mean_jpeg_kb"] = sum(map(len, jpegs)) / len(jpegs) / 1e3
-    rates = run_ablation(data_dir, jpegs, setup["image_size"],
-                         setup["batch_size"], setup["repetitions"],
-                         setup["seconds"], setup["threads"])
-  summary = summarise(rates)
+    runs = run_ablation(data_dir, jpegs, setup["image_size"],
+                        setup["batch_size"], setup["repetitions"],
+                        setup["seconds"], setup["threads"])
+  summary = summarise(runs)
   ratios = write_results(FLAGS.output_dir, summary, setup)
   print(markdown_table(summary, setup))
   print(json.dumps(ratios, indent=2))
