@@ -252,12 +252,10 @@ class _Group:
                 timeout_seconds=_options.timeout_seconds)
 
 
-def _collective_sum(x: tf.Tensor, group: _Group,
-                    hint: str = "auto") -> tf.Tensor:
+def _collective_sum(x: tf.Tensor, group: _Group) -> tf.Tensor:
   with tf.device(group.device):
     return tf.raw_ops.CollectiveReduceV2(
-        input=x, merge_op="Add", final_op="Id", communication_hint=hint,
-        **group.op_args())
+        input=x, merge_op="Add", final_op="Id", **group.op_args())
 
 
 def _collective_reduce_scatter(x: tf.Tensor, group: _Group) -> tf.Tensor:
@@ -334,9 +332,10 @@ def grid_all_reduce(x: tf.Tensor, grid: tuple[int, int],
 
 def ring_all_reduce(x: tf.Tensor,
                     ctx: tf.distribute.ReplicaContext) -> tf.Tensor:
-  """One ring all-reduce of `x` over all replicas."""
+  """One all-reduce of `x` over all replicas: a ring (TF's ring reducer on
+  CPU, NCCL's ring all-reduce on GPU)."""
   group = _Group.of(ctx, range(ctx.num_replicas_in_sync))
-  return _collective_sum(x, group, hint="ring")
+  return _collective_sum(x, group)
 
 
 @dataclasses.dataclass(frozen=True)
