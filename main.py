@@ -1,13 +1,19 @@
 """Trains ResNet on ImageNet-format TFRecords: `python main.py --flagfile=...`.
 
 Flags are defined in resnet_tpu/flags.py; see README.md for the reference.
+Exit codes: 0 done, 42 preempted (SIGTERM; a checkpoint was written, run the
+same command to resume), 43 another worker was lost (restart all workers),
+1 any error.
 """
+import sys
+
 from absl import app
 from absl import flags
 from absl import logging
 import tensorflow as tf
 
 from resnet_tpu import flags as resnet_flags
+from resnet_tpu import preemption
 from resnet_tpu.run import run
 
 resnet_flags.define_flags()
@@ -20,7 +26,11 @@ def main(argv: list[str]) -> None:
   # tf.distribute logs every collective it builds at INFO; keep ours readable.
   tf.get_logger().setLevel("WARNING")
   cfg = resnet_flags.config_from_flags(FLAGS)
-  result = run(cfg)
+  try:
+    result = run(cfg)
+  except preemption.Restartable as stop:
+    logging.warning("%s", stop)
+    sys.exit(stop.exit_code)
   logging.info("Final: %s", result)
 
 

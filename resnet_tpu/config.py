@@ -67,6 +67,7 @@ class TrainConfig:
   label_smoothing: float = 0.1
   weight_decay: float = 1e-4
   seed: int = 0
+  skip_nonfinite_steps: bool = False
   # Input pipeline.
   label_offset: int = 1
   cache_dataset: bool = False
@@ -150,6 +151,9 @@ def validate(cfg: TrainConfig, num_replicas: int | None = None) -> None:
   _check(cfg.lr_schedule in SCHEDULES,
          f"--lr_schedule must be one of {SCHEDULES}, got {cfg.lr_schedule!r}.")
   _check(cfg.warmup_epochs >= 0, "--warmup_epochs must be >= 0.")
+  _check(not (cfg.skip_nonfinite_steps and cfg.batch_size_schedule),
+         "--skip_nonfinite_steps does not support --batch_size_schedule "
+         "(gradient accumulation); a NaN/Inf loss there stops training.")
   if cfg.batch_size_schedule:
     for _, batch in parse_batch_size_schedule(cfg.batch_size_schedule):
       _check(batch % cfg.global_batch_size == 0,

@@ -72,6 +72,9 @@ HELP = {
     "weight_decay": "L2 weight decay of conv/dense kernels (inside the "
                     "update for LARS).",
     "seed": "Random seed of initialisation and input order.",
+    "skip_nonfinite_steps": "Skip (do not apply, do not count) a step whose "
+                            "loss or gradients are NaN/Inf on any replica, "
+                            "instead of stopping with an error.",
     "label_offset": "Subtracted from stored labels (imagenet_to_gcs: 1).",
     "cache_dataset": "Cache the raw training records in memory.",
     "shuffle_buffer_size": "Training shuffle buffer, in records.",

@@ -42,6 +42,20 @@ class MetricsLog:
         if key not in ("step", "split") and isinstance(value, (int, float)):
           tf.summary.scalar(key, value)
 
+  def drop_after(self, step: int) -> int:
+    """Removes records of steps after `step` (a resumed run redoes them).
+
+    Returns how many were removed.
+    """
+    if not self.enabled or not tf.io.gfile.exists(self.path):
+      return 0
+    records = read_metrics(self._model_dir)
+    kept = [r for r in records if r["step"] <= step]
+    if len(kept) < len(records):
+      with tf.io.gfile.GFile(self.path, "w") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in kept))
+    return len(records) - len(kept)
+
   def flush(self) -> None:
     for writer in self._writers.values():
       writer.flush()

@@ -2,7 +2,6 @@
 import json
 import os
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -12,6 +11,7 @@ from resnet_tpu import trainer as trainer_lib
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.distributed_batch_norm import DistributedBatchNormalization
 from resnet_tpu.metrics_log import REQUIRED_KEYS
+from tiny_model import tiny_resnet
 
 IMAGE = 32
 CLASSES = 10
@@ -27,18 +27,6 @@ def _config(tmp_path, **overrides) -> TrainConfig:
                 weight_decay=1e-3)
   values.update(overrides)
   return TrainConfig(**values)
-
-
-def tiny_resnet(cfg: TrainConfig) -> keras.Model:
-  """conv -> distributed BN -> relu -> pool -> dense: the trainer's contract
-  (raw pixels in, float32 logits out, group BN) at a fraction of the cost."""
-  inputs = keras.Input((cfg.image_size, cfg.image_size, 3))
-  x = keras.layers.Rescaling(1 / 255)(inputs)
-  x = keras.layers.Conv2D(8, 3, strides=2, use_bias=False)(x)
-  x = DistributedBatchNormalization(group_size=cfg.bn_group_size)(x)
-  x = keras.layers.ReLU()(x)
-  x = keras.layers.GlobalAveragePooling2D()(x)
-  return keras.Model(inputs, keras.layers.Dense(cfg.num_classes)(x))
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,101 @@
+"""Preemption-safe training: SIGTERM ends the run at a host-loop boundary.
+
+Ying et al. 2018 train on TPU pods for minutes to hours; Cloud TPU VMs and GCE
+VMs are preempted or moved for maintenance with a SIGTERM and a short grace
+period (30 s for GCE spot VMs). The trainer watches for SIGTERM, finishes the
+host loop in flight (so keep steps_per_loop x step time well under the grace
+period), writes a checkpoint and stops with `Preempted`; main.py turns that
+into exit code 42 so a supervisor restarts the same command, which resumes.
+
+Why not tf.distribute.experimental.PreemptionCheckpointHandler: in TF 2.21 it
+is a documented no-op on GCP CPU and TPU VMs (failure_handling.py logs "does
+not support usage with TPU or CPU device on GCP" and its `run` just calls the
+step), it probes the GCE metadata server over the network at start-up, and
+its run counter assumes one step per call rather than a host loop. A handler
+that sets a flag, checked between host loops and agreed across workers with
+one scalar all-reduce, works on every strategy this project uses.
+"""
+import signal
+import threading
+
+from absl import logging
+import tensorflow as tf
+
+# The restart code TF itself uses for TPU and Borg preemption
+# (failure_handling_util.default_tpu_exit_fn, BorgTerminationConfig).
+PREEMPTED_EXIT_CODE = 42
+# A peer worker died or stopped answering: restart every worker.
+WORKER_LOST_EXIT_CODE = 43
+
+
+class Restartable(Exception):
+  """Training stopped cleanly; rerunning the same command resumes it."""
+  exit_code = 1
+
+
+class Preempted(Restartable):
+  """SIGTERM was received and a checkpoint was written."""
+  exit_code = PREEMPTED_EXIT_CODE
+
+
+class WorkerLost(Restartable):
+  """A collective failed because another worker died or timed out."""
+  exit_code = WORKER_LOST_EXIT_CODE
+
+
+# Errors a collective raises when a peer is gone: connection refused or
+# reset, coordination-service heartbeat timeout, collective timeout.
+PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.AbortedError,
+               tf.errors.DeadlineExceededError, tf.errors.CancelledError)
+
+
+class SigtermWatcher:
+  """Records SIGTERM while active; restores the previous handler on exit.
+
+  Use as a context manager around the training loop, in the main thread
+  (Python delivers signals there only).
+  """
+
+  def __init__(self):
+    self._received = threading.Event()
+    self._previous = None
+
+  def __enter__(self) -> "SigtermWatcher":
+    if threading.current_thread() is threading.main_thread():
+      self._previous = signal.signal(signal.SIGTERM, self._handle)
+    else:
+      logging.warning("Training outside the main thread: SIGTERM is not "
+                      "watched, a preemption loses the steps since the last "
+                      "checkpoint.")
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+
+  def _handle(self, signum, frame) -> None:
+    del signum, frame
+    logging.warning("SIGTERM received: finishing this host loop, then "
+                    "checkpointing and exiting with code %d.",
+                    PREEMPTED_EXIT_CODE)
+    self._received.set()
+
+  @property
+  def received(self) -> bool:
+    """Whether this process got SIGTERM."""
+    return self._received.is_set()
+
+  def any_worker_received(self, strategy: tf.distribute.Strategy) -> bool:
+    """Whether any worker got SIGTERM: every worker must call this together.
+
+    On multi-worker strategies the flags are summed by one scalar all-reduce,
+    so all workers stop after the same host loop and save together (a
+    MultiWorkerMirroredStrategy checkpoint needs every worker).
+    """
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+      return self.received
+    flag = tf.constant(1.0 if self.received else 0.0)
+    per_replica = strategy.experimental_distribute_values_from_function(
+        lambda _: flag)
+    total = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+    return float(total) > 0

@@ -1,0 +1,225 @@
+"""Preemption, checkpoint integrity and numerical faults (README "Reliability").
+
+* SIGTERM to a real `python main.py` run: it finishes the host loop, writes
+  a checkpoint, exits with code 42, and the same command resumes from it.
+* A save cut short leaves the previous checkpoint as the latest; metrics of
+  steps after it are dropped; --keep_checkpoints bounds the checkpoints kept.
+* A NaN/Inf loss stops training with an error naming the step and the last
+  good checkpoint, which stays the latest; --skip_nonfinite_steps instead
+  skips the step as if its batch had never been in the data.
+"""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.python.checkpoint import checkpoint_management
+
+from conftest import cpu_strategy
+from resnet_tpu import preemption
+from resnet_tpu import trainer as trainer_lib
+from resnet_tpu.config import TrainConfig
+from resnet_tpu.metrics_log import read_metrics
+from tiny_model import tiny_resnet
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+IMAGE = 32
+CLASSES = 10
+BATCH = 8
+STARTUP_TIMEOUT_S = 300
+
+
+@pytest.fixture(autouse=True)
+def _tiny_model(monkeypatch):
+  monkeypatch.setattr(trainer_lib, "build_model", tiny_resnet)
+
+
+def _config(model_dir, **overrides) -> TrainConfig:
+  values = dict(model_dir=str(model_dir), use_synthetic_data=True,
+                num_classes=CLASSES, image_size=IMAGE,
+                global_batch_size=BATCH, eval_batch_size=BATCH,
+                train_steps=4, steps_per_loop=1, checkpoint_every_steps=1,
+                num_train_images=10_000, lr_schedule="constant",
+                warmup_epochs=0.0, base_learning_rate=0.5)
+  values.update(overrides)
+  return TrainConfig(**values)
+
+
+def _batches(num_steps: int, nan_at_step: int | None = None):
+  """Images and labels of `num_steps` global batches; one NaN pixel in the
+  batch of step `nan_at_step` (1-based), if given."""
+  rng = np.random.default_rng(0)
+  images = rng.uniform(0, 255, (num_steps, BATCH, IMAGE, IMAGE, 3))
+  labels = rng.integers(0, CLASSES, (num_steps, BATCH))
+  if nan_at_step:
+    images[nan_at_step - 1, 3, 0, 0, 0] = np.nan
+  return images.astype(np.float32), labels.astype(np.int32)
+
+
+def _dataset_fn(images, labels):
+  def dataset_fn(ctx):
+    batch = ctx.get_per_replica_batch_size(BATCH)
+    return tf.data.Dataset.from_tensor_slices((
+        images.reshape(-1, IMAGE, IMAGE, 3), labels.reshape(-1))).batch(batch)
+  return dataset_fn
+
+
+def _values(variables) -> list[np.ndarray]:
+  return [v.numpy() for v in variables]
+
+
+# --- preemption -------------------------------------------------------------
+
+MAIN_FLAGS = ["--strategy=cpu", "--num_cpu_replicas=2",
+              "--use_synthetic_data", "--resnet_depth=18", "--image_size=32",
+              "--num_classes=10", "--global_batch_size=4",
+              "--eval_batch_size=4", "--train_steps=100000",
+              "--steps_per_loop=2"]
+
+
+def _wait_for_step_above(log_path, step: int, process,
+                         deadline: float) -> None:
+  """Waits until main.py logs a training step > `step`."""
+  while time.time() < deadline:
+    with open(log_path) as f:
+      logged = [int(s) for s in re.findall(r"step (\d+)/100000", f.read())]
+    if logged and max(logged) > step:
+      return
+    assert process.poll() is None, (
+        f"main.py exited with {process.returncode}:\n" +
+        open(log_path).read()[-3000:])
+    time.sleep(0.5)
+  raise AssertionError(f"no step above {step} in {log_path}")
+
+
+def _run_main_until_sigterm(model_dir, log_path, after_step: int) -> int:
+  """Starts main.py, SIGTERMs it once it logged a step > after_step, checks
+  exit code 42; returns the step it says it checkpointed."""
+  env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
+  with open(log_path, "w") as log:
+    process = subprocess.Popen(
+        [sys.executable, "main.py", f"--model_dir={model_dir}", *MAIN_FLAGS],
+        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+  try:
+    _wait_for_step_above(log_path, after_step, process,
+                         time.time() + STARTUP_TIMEOUT_S)
+    process.send_signal(signal.SIGTERM)
+    code = process.wait(timeout=120)
+  finally:
+    if process.poll() is None:
+      process.kill()
+      process.wait()
+  text = open(log_path).read()
+  assert code == preemption.PREEMPTED_EXIT_CODE, text[-3000:]
+  assert "SIGTERM received" in text
+  return int(re.search(r"Preempted \(SIGTERM\) at step (\d+)/", text)[1])
+
+
+def test_sigterm_checkpoints_exits_42_and_the_same_command_resumes(tmp_path):
+  model_dir = tmp_path / "run"
+  stopped = _run_main_until_sigterm(model_dir, tmp_path / "first.log", 0)
+  assert tf.train.latest_checkpoint(model_dir).endswith(f"ckpt-{stopped}")
+
+  again = _run_main_until_sigterm(model_dir, tmp_path / "second.log",
+                                  stopped)
+  second_log = (tmp_path / "second.log").read_text()
+  assert f"ckpt-{stopped} at step {stopped}" in second_log  # "Restored ..."
+  assert again > stopped
+  assert tf.train.latest_checkpoint(model_dir).endswith(f"ckpt-{again}")
+
+
+# --- checkpoint integrity ---------------------------------------------------
+
+def test_save_cut_short_leaves_previous_checkpoint_latest(tmp_path,
+                                                          monkeypatch):
+  images, labels = _batches(4)
+  trainer = trainer_lib.Trainer(_config(tmp_path, train_steps=3),
+                                cpu_strategy(2))
+  commit = checkpoint_management.update_checkpoint_state_internal
+
+  def killed_before_commit_of_step_3(save_dir, model_checkpoint_path,
+                                     *args, **kwargs):
+    if model_checkpoint_path.endswith("ckpt-3"):
+      raise KeyboardInterrupt("killed after writing ckpt-3's data files")
+    return commit(save_dir, model_checkpoint_path, *args, **kwargs)
+
+  monkeypatch.setattr(checkpoint_management,
+                      "update_checkpoint_state_internal",
+                      killed_before_commit_of_step_3)
+  with pytest.raises(KeyboardInterrupt):
+    trainer.fit(_dataset_fn(images, labels))
+  assert os.path.exists(tmp_path / "ckpt-3.index")  # data written first...
+  assert tf.train.latest_checkpoint(tmp_path).endswith("ckpt-2")  # ...state last
+  # A save killed while writing data leaves only temporary or partial files.
+  with open(tmp_path / "ckpt-3.index", "rb") as f:
+    index = f.read()
+  for name, data in (("ckpt-9.index", index[:len(index) // 2]),
+                     ("ckpt-9.data-00000-of-00001", b"\0" * 100)):
+    with open(tmp_path / name, "wb") as f:
+      f.write(data)
+  assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]
+
+  resumed = trainer_lib.Trainer(_config(tmp_path, train_steps=3),
+                                cpu_strategy(2))
+  assert resumed.restore() == 2
+  assert int(resumed.input_batches.numpy()) == 2
+  assert not np.array_equal(resumed.model.variables[0].numpy(),
+                            trainer.model.variables[0].numpy())  # step 3's
+  assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
+
+
+def test_keep_checkpoints_bounds_the_checkpoints_on_disk(tmp_path):
+  images, labels = _batches(5)
+  trainer = trainer_lib.Trainer(
+      _config(tmp_path, train_steps=5, keep_checkpoints=2), cpu_strategy(2))
+  trainer.fit(_dataset_fn(images, labels))
+  assert sorted(f for f in os.listdir(tmp_path) if f.endswith(".index")) == [
+      "ckpt-4.index", "ckpt-5.index"]
+
+
+# --- numerical faults -------------------------------------------------------
+
+def test_nan_loss_stops_naming_the_step_and_keeps_last_good_checkpoint(
+    tmp_path):
+  images, labels = _batches(6, nan_at_step=5)
+  trainer = trainer_lib.Trainer(
+      _config(tmp_path, train_steps=6, steps_per_loop=2,
+              checkpoint_every_steps=2), cpu_strategy(2))
+  with pytest.raises(trainer_lib.NonFiniteLossError,
+                     match=r"at step 5 .*ckpt-4 and stays the latest"):
+    trainer.fit(_dataset_fn(images, labels))
+  assert tf.train.latest_checkpoint(tmp_path).endswith("ckpt-4")
+  assert not os.path.exists(tmp_path / "ckpt-6.index")
+  restored = trainer_lib.Trainer(_config(tmp_path, train_steps=6),
+                                 cpu_strategy(2))
+  assert restored.restore() == 4
+  assert all(np.isfinite(v).all() for v in _values(restored.model.variables))
+
+
+def test_skip_nonfinite_steps_trains_as_if_the_bad_batch_was_never_there(
+    tmp_path):
+  images, labels = _batches(5, nan_at_step=3)
+  skipping = trainer_lib.Trainer(
+      _config(tmp_path / "skip", skip_nonfinite_steps=True,
+              steps_per_loop=4, checkpoint_every_steps=0), cpu_strategy(2))
+  clean = trainer_lib.Trainer(
+      _config(tmp_path / "clean", steps_per_loop=4, checkpoint_every_steps=0),
+      cpu_strategy(2))
+  clean.model.set_weights(skipping.model.get_weights())
+  keep = [0, 1, 3, 4]
+  skipping.fit(_dataset_fn(images, labels))
+  clean.fit(_dataset_fn(images[keep], labels[keep]))
+
+  assert skipping.step == clean.step == 4
+  for got, want in zip(_values(skipping.model.variables) +
+                       _values(skipping.optimizer.variables),
+                       _values(clean.model.variables) +
+                       _values(clean.optimizer.variables)):
+    np.testing.assert_array_equal(got, want)  # BN moving stats included
+  assert [r["skipped_steps"] for r in read_metrics(tmp_path / "skip")] == [
+      1, 0]
