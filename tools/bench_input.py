@@ -162,7 +162,9 @@ def markdown_table(summary: dict[str, dict], setup: dict) -> str:
       f"{setup['num_images']} JPEGs of {SOURCE_WIDTH}x{SOURCE_HEIGHT} "
       f"(mean {setup['mean_jpeg_kb']:.0f} KB), {setup['image_size']} px "
       f"crops, batch {setup['batch_size']}, {setup['threads']} threads, "
-      f"{setup['repetitions']} x {setup['seconds']} s per variant.",
+      f"{setup['repetitions']} x {setup['seconds']} s per variant; 1-minute "
+      f"load average {setup['load_average'][0]:.1f} before, "
+      f"{setup['load_average'][1]:.1f} after on {os.cpu_count()} CPUs.",
       "",
       "| variant | images/s (median) | min-max | vs base | CPU ms/image |",
       "|---|---:|---:|---:|---:|",
@@ -221,9 +223,11 @@ def main(argv: list[str]) -> None:
   with tempfile.TemporaryDirectory() as data_dir:
     jpegs = write_dataset(data_dir, setup["num_images"], setup["num_files"])
     setup["mean_jpeg_kb"] = sum(map(len, jpegs)) / len(jpegs) / 1e3
+    load_before = os.getloadavg()[0]
     runs = run_ablation(data_dir, jpegs, setup["image_size"],
                         setup["batch_size"], setup["repetitions"],
                         setup["seconds"], setup["threads"])
+    setup["load_average"] = [load_before, os.getloadavg()[0]]
   summary = summarise(runs)
   ratios = write_results(FLAGS.output_dir, summary, setup)
   print(markdown_table(summary, setup))
