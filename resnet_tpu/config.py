@@ -8,6 +8,9 @@ import dataclasses
 import glob
 import os
 
+from resnet_tpu.collectives import BN_ALL_REDUCE
+from resnet_tpu.collectives import GRADIENT_ALL_REDUCE
+from resnet_tpu.collectives import parse_grid
 from resnet_tpu.model import LAYERS, MIN_IMAGE_SIZE
 from resnet_tpu.optimizers import OPTIMIZERS
 from resnet_tpu.schedules import EpochClock
@@ -36,9 +39,13 @@ class TrainConfig:
   bn_stats: str = "moving_average"
   bn_recompute_batches: int = 10
   # Distribution.
+  bn_all_reduce: str = "auto"
   strategy: str = "auto"
   tpu: str = ""
   num_cpu_replicas: int = 1
+  gradient_all_reduce: str = "auto"
+  all_reduce_grid: str = ""
+  log_topology: bool = False
   # Schedule of the run.
   global_batch_size: int = 1024
   eval_batch_size: int = 1024
@@ -134,6 +141,16 @@ def validate(cfg: TrainConfig, num_replicas: int | None = None) -> None:
          f"--strategy must be one of {STRATEGIES}, got {cfg.strategy!r}.")
   _check(cfg.num_cpu_replicas >= 1, "--num_cpu_replicas must be >= 1.")
   _check(cfg.bn_group_size >= 1, "--bn_group_size must be >= 1.")
+  _check(cfg.bn_all_reduce in BN_ALL_REDUCE,
+         f"--bn_all_reduce must be one of {BN_ALL_REDUCE}, "
+         f"got {cfg.bn_all_reduce!r}.")
+  _check(cfg.gradient_all_reduce in GRADIENT_ALL_REDUCE,
+         f"--gradient_all_reduce must be one of {GRADIENT_ALL_REDUCE}, "
+         f"got {cfg.gradient_all_reduce!r}.")
+  parse_grid(cfg.all_reduce_grid)
+  _check(not (cfg.tpu and cfg.gradient_all_reduce != "auto"),
+         "--gradient_all_reduce=ring|2d is for GPU/CPU replicas; on TPU XLA "
+         "sums gradients over the torus (use auto).")
   _check(cfg.bn_stats in BN_STATS,
          f"--bn_stats must be one of {BN_STATS}, got {cfg.bn_stats!r}.")
   _check(cfg.bn_recompute_batches >= 1, "--bn_recompute_batches must be >= 1.")
@@ -186,3 +203,8 @@ def validate_replicas(cfg: TrainConfig, num_replicas: int) -> None:
   _check(num_replicas % cfg.bn_group_size == 0,
          f"--bn_group_size={cfg.bn_group_size} must divide the number of "
          f"replicas ({num_replicas}).")
+  grid = parse_grid(cfg.all_reduce_grid)
+  if grid and cfg.gradient_all_reduce == "2d":
+    _check(grid[0] * grid[1] == num_replicas,
+           f"--all_reduce_grid={cfg.all_reduce_grid} has {grid[0] * grid[1]} "
+           f"cells but there are {num_replicas} replicas.")

@@ -7,6 +7,8 @@ import dataclasses
 
 from absl import flags
 
+from resnet_tpu.collectives import BN_ALL_REDUCE
+from resnet_tpu.collectives import GRADIENT_ALL_REDUCE
 from resnet_tpu.config import BN_STATS
 from resnet_tpu.config import PRECISIONS
 from resnet_tpu.config import STRATEGIES
@@ -36,10 +38,20 @@ HELP = {
                 "checkpoint, set BN statistics to the exact mean/variance of "
                 "--bn_recompute_batches training batches (Akiba et al.).",
     "bn_recompute_batches": "Training batches for --bn_stats=recompute.",
+    "bn_all_reduce": "How distributed BN sums statistics: auto (TPU "
+                     "CrossReplicaSum / subgroup collectives), collective, "
+                     "or masked (full all-reduce of a one-hot buffer).",
     "strategy": "auto, tpu, gpu, cpu (virtual CPU replicas) or multi_worker "
                 "(MultiWorkerMirroredStrategy from TF_CONFIG).",
     "tpu": "TPU name or 'local' on a TPU VM; implies --strategy=tpu.",
     "num_cpu_replicas": "Virtual CPU replicas for --strategy=cpu.",
+    "gradient_all_reduce": "auto (Keras/XLA summation), ring (one "
+                           "collective over the flattened gradients) or 2d "
+                           "(Mikami's 2D-Torus over --all_reduce_grid); "
+                           "GPU/CPU only.",
+    "all_reduce_grid": "XxY grid for --gradient_all_reduce=2d: X replicas "
+                       "per row, Y rows; '' = squarest.",
+    "log_topology": "Log the TPU replica order and BN tiles at start-up.",
     "global_batch_size": "Images per training step over all replicas (the "
                          "micro-batch when --batch_size_schedule is set).",
     "eval_batch_size": "Images per eval step over all replicas.",
@@ -89,6 +101,8 @@ HELP = {
 }
 
 _ENUMS = {"bn_stats": BN_STATS, "precision": PRECISIONS,
+          "bn_all_reduce": BN_ALL_REDUCE,
+          "gradient_all_reduce": GRADIENT_ALL_REDUCE,
           "strategy": STRATEGIES,
           "optimizer": OPTIMIZERS, "lr_schedule": SCHEDULES}
 

@@ -26,6 +26,7 @@ from absl import logging
 import keras
 import tensorflow as tf
 
+from resnet_tpu import collectives
 from resnet_tpu.bn_recompute import BNStatisticsRecomputer
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.metrics_log import MetricsLog
@@ -82,7 +83,8 @@ def build_optimizer(cfg: TrainConfig) -> keras.optimizers.Optimizer:
       rmsprop_learning_rate=cfg.rmsprop_learning_rate,
       rmsprop_warmup_center_epochs=cfg.rmsprop_warmup_center_epochs,
       rmsprop_warmup_period_epochs=cfg.rmsprop_warmup_period_epochs,
-      clock=clock)
+      clock=clock, gradient_all_reduce=cfg.gradient_all_reduce,
+      all_reduce_grid=collectives.parse_grid(cfg.all_reduce_grid))
 
 
 def decayed_variables(model: keras.Model) -> list[tf.Variable]:

@@ -27,6 +27,7 @@ def results(tmp_path_factory):
        f"--scratch_dir={out}/scratch_train")
   _run("tools.bench_bn_groups", out, "--tiny",
        f"--scratch_dir={out}/scratch_bn")
+  _run("tools.bench_collectives", out, "--tiny")
   _run("tools.bench_report", out)
   return out
 

@@ -31,6 +31,12 @@ def test_a_good_config_validates():
     (dict(batch_size_schedule="0:100"), None, "--batch_size_schedule"),
     (dict(batch_size_schedule="5:128"), None, "--batch_size_schedule"),
     (dict(model_dir=""), None, "--model_dir"),
+    (dict(gradient_all_reduce="2d", all_reduce_grid="3x3"), 8,
+     "--all_reduce_grid"),
+    (dict(all_reduce_grid="4by2"), None, "--all_reduce_grid"),
+    (dict(tpu="local", gradient_all_reduce="ring"), None,
+     "--gradient_all_reduce"),
+    (dict(bn_stats="ema"), None, "--bn_stats"),
 ])
 def test_bad_setting_is_rejected_naming_its_flag(overrides, replicas, flag):
   with pytest.raises(ValueError, match=flag):
