@@ -4,7 +4,9 @@ Each host builds one pipeline per `tf.distribute.InputContext`:
 
   files -> shard by input_pipeline_id -> parallel interleave of TFRecordDataset
   -> [cache raw records] -> shuffle -> repeat -> one fused map (parse, crop
-  box, decode-and-crop, resize, flip, cast) -> batch per replica -> prefetch
+  box, decode-and-crop, resize, flip, cast) -> batch per replica ->
+  bad-record guards (data_checks.py: undecodable images labelled -1, labels
+  checked) -> prefetch
 
 Pipelines get whole files when there are at least as many files as pipelines;
 otherwise every pipeline reads every file in one fixed order and keeps every
@@ -28,13 +30,14 @@ from typing import Callable
 from absl import logging
 import tensorflow as tf
 
+from resnet_tpu import data_checks
 from resnet_tpu import preprocessing
 
 SPLITS = ("train", "validation")
 DTYPES = ("float32", "bfloat16")
 READ_BUFFER_BYTES = 8 * 1024 * 1024
 MAX_FILES_READ_AT_ONCE = 16
-_FEATURES = {
+FEATURES = {
     "image/encoded": tf.io.FixedLenFeature([], tf.string),
     "image/class/label": tf.io.FixedLenFeature([], tf.int64),
 }
@@ -58,6 +61,7 @@ class InputConfig:
   prefetch: bool = True
   deterministic: bool = False
   seed: int | None = None
+  num_classes: int = 0  # > 0: every label is checked (data_checks.py)
 
   def __post_init__(self):
     if self.dtype not in DTYPES:
@@ -154,7 +158,7 @@ def _records(files: list[str], ctx: tf.distribute.InputContext,
 
 
 def _parse(record: tf.Tensor, label_offset: int) -> tuple[tf.Tensor, tf.Tensor]:
-  features = tf.io.parse_single_example(record, _FEATURES)
+  features = tf.io.parse_single_example(record, FEATURES)
   label = features["image/class/label"] - label_offset
   return features["image/encoded"], tf.cast(label, tf.int32)
 
@@ -169,11 +173,18 @@ def _train_map(cfg: InputConfig, pipeline_id: int) -> Callable:
     image_bytes, label = _parse(record, cfg.label_offset)
     seed = (None if pipeline_seed is None else
             tf.random.experimental.stateless_fold_in(pipeline_seed, index))
-    image = preprocessing.preprocess_for_train(
-        image_bytes, cfg.image_size, cfg.fused_decode_crop, seed)
-    return tf.cast(image, dtype), label
+    decodable = data_checks.looks_like_jpeg(image_bytes)
+    image = tf.cond(decodable, lambda: preprocessing.preprocess_for_train(
+        image_bytes, cfg.image_size, cfg.fused_decode_crop, seed),
+                    lambda: _blank(cfg.image_size))
+    return tf.cast(image, dtype), label, decodable
 
   return parse_and_preprocess
+
+
+def _blank(image_size: int) -> tf.Tensor:
+  """Stands in for an undecodable image (data_checks.py)."""
+  return tf.zeros([image_size, image_size, 3])
 
 
 def _examples_per_pipeline(global_batch_size: int,
@@ -209,6 +220,8 @@ def train_dataset_fn(cfg: InputConfig, global_batch_size: int,
     dataset = records.map(_train_map(cfg, ctx.input_pipeline_id),
                           num_parallel_calls=_parallelism(cfg.parallel_map))
     dataset = dataset.batch(batch_size, drop_remainder=True)
+    dataset = data_checks.guard_train(dataset, cfg.num_classes,
+                                      cfg.label_offset)
     if cfg.prefetch:
       dataset = dataset.prefetch(tf.data.AUTOTUNE)
     return dataset.with_options(_options(cfg, cfg.deterministic))
@@ -232,8 +245,10 @@ def eval_dataset_fn(cfg: InputConfig, global_batch_size: int,
 
   def parse_and_preprocess(record):
     image_bytes, label = _parse(record, cfg.label_offset)
-    image = preprocessing.preprocess_for_eval(image_bytes, cfg.image_size)
-    return tf.cast(image, dtype), label, tf.constant(1.0)
+    decodable = data_checks.looks_like_jpeg(image_bytes)
+    image = tf.cond(decodable, lambda: preprocessing.preprocess_for_eval(
+        image_bytes, cfg.image_size), lambda: _blank(cfg.image_size))
+    return tf.cast(image, dtype), label, decodable
 
   def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
     batch_size = ctx.get_per_replica_batch_size(global_batch_size)
@@ -242,6 +257,8 @@ def eval_dataset_fn(cfg: InputConfig, global_batch_size: int,
                        max_records=num_examples)
     dataset = records.map(parse_and_preprocess,
                           num_parallel_calls=_parallelism(cfg.parallel_map))
+    dataset = data_checks.guard_eval(dataset, cfg.num_classes,
+                                     cfg.label_offset)
     padding = tf.data.Dataset.from_tensors(
         (tf.zeros([cfg.image_size, cfg.image_size, 3], dtype), tf.constant(0),
          tf.constant(0.0))).repeat()

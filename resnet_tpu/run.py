@@ -6,9 +6,11 @@ notebook call it directly.
 from absl import logging
 import tensorflow as tf
 
+from resnet_tpu import collectives
 from resnet_tpu import config as config_lib
 from resnet_tpu import export
 from resnet_tpu import input_pipeline
+from resnet_tpu import preflight
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.strategy import create_strategy
 from resnet_tpu.strategy import resolve_kind
@@ -26,7 +28,7 @@ def input_config(cfg: TrainConfig) -> input_pipeline.InputConfig:
       parallel_interleave=cfg.parallel_interleave,
       parallel_map=cfg.parallel_map, fused_decode_crop=cfg.fused_decode_crop,
       prefetch=cfg.prefetch, deterministic=cfg.deterministic_input,
-      seed=cfg.seed)
+      seed=cfg.seed, num_classes=cfg.num_classes)
 
 
 def num_eval_examples(cfg: TrainConfig) -> int:
@@ -45,8 +47,14 @@ def run(cfg: TrainConfig) -> dict:
   """
   cpu = resolve_kind(cfg.strategy, cfg.tpu) == "cpu"
   config_lib.validate(cfg, cfg.num_cpu_replicas if cpu else None)
+  preflight.check_model_dir(cfg)
+  if not cfg.use_synthetic_data:
+    preflight.check_data_dir(cfg)
   tf.keras.utils.set_random_seed(cfg.seed)
-  strategy = create_strategy(cfg.strategy, cfg.tpu, cfg.num_cpu_replicas)
+  collectives.set_options(bn_all_reduce=cfg.bn_all_reduce)
+  strategy = create_strategy(cfg.strategy, cfg.tpu, cfg.num_cpu_replicas,
+                             bn_group_size=cfg.bn_group_size,
+                             log_topology=cfg.log_topology)
   config_lib.validate_replicas(cfg, strategy.num_replicas_in_sync)
   trainer = Trainer(cfg, strategy)
   if trainer.chief:
@@ -63,11 +71,14 @@ def train(cfg: TrainConfig, trainer: Trainer) -> dict:
     train_fn = input_pipeline.synthetic_dataset_fn(
         cfg.image_size, cfg.num_classes, cfg.global_batch_size,
         cfg.compute_dtype)
-    return trainer.fit(train_fn)
+    # One constant batch: a resumed run needs no skipping.
+    return trainer.fit(train_fn, resume_dataset_fn=lambda _: train_fn)
   inputs = input_config(cfg)
   num_eval = num_eval_examples(cfg)
   logging.info("Validation split: %d examples", num_eval)
   return trainer.fit(
       input_pipeline.train_dataset_fn(inputs, cfg.global_batch_size),
       input_pipeline.eval_dataset_fn(inputs, cfg.eval_batch_size, num_eval),
-      input_pipeline.eval_steps(num_eval, cfg.eval_batch_size))
+      input_pipeline.eval_steps(num_eval, cfg.eval_batch_size),
+      resume_dataset_fn=lambda start: input_pipeline.train_dataset_fn(
+          inputs, cfg.global_batch_size, start_step=start))

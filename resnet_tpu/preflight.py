@@ -1,0 +1,95 @@
+"""Checks that run before strategy start-up, so bad input fails in seconds.
+
+Starting a TPU pod slice or a multi-worker cluster and tracing ResNet-50
+takes minutes; a wrong --data_dir or --model_dir should not cost them.
+config.validate checks the flags themselves (folders exist, sizes agree);
+here the data and the model_dir are opened:
+
+* `check_data_dir`: the first record of the train and validation files is
+  read: the files must be TFRecords of tf.train.Example with the features of
+  input_pipeline.FEATURES, and the label must lie in [0, --num_classes)
+  after --label_offset. Later records are guarded while training
+  (data_checks.py).
+* `check_model_dir`: a model_dir that already holds checkpoints must have
+  been written by the same network (its config.json, export.write_config).
+"""
+import json
+import os
+
+import tensorflow as tf
+from google.protobuf import message
+
+from resnet_tpu import export
+from resnet_tpu import input_pipeline
+from resnet_tpu.config import TrainConfig
+
+# config.json keys that decide which variables a checkpoint holds.
+CHECKPOINT_KEYS = ("resnet_depth", "num_classes", "optimizer")
+
+
+def _first_record(files: list[str]) -> tuple[bytes, str] | None:
+  """The first record of the first non-empty file, and that file."""
+  for path in files:
+    try:
+      for record in tf.data.TFRecordDataset(path).take(1):
+        return record.numpy(), path
+    except tf.errors.DataLossError as e:
+      raise ValueError(
+          f"{path} (in --data_dir) is not a TFRecord file: "
+          f"{e.message.split(' [Op:')[0]}. Expected the imagenet_to_gcs "
+          "format written by data/build_tfrecords.py.") from e
+  return None
+
+
+def _check_example(record: bytes, path: str, cfg: TrainConfig) -> None:
+  try:
+    example = tf.train.Example.FromString(record)
+  except message.DecodeError as e:
+    raise ValueError(f"The first record of {path} (in --data_dir) is not a "
+                     f"tf.train.Example: {e}.") from e
+  features = example.features.feature
+  missing = sorted(set(input_pipeline.FEATURES) - set(features))
+  if missing:
+    raise ValueError(
+        f"The first record of {path} (in --data_dir) lacks the features "
+        f"{missing}; it has {sorted(features)}. Expected "
+        f"{sorted(input_pipeline.FEATURES)} (imagenet_to_gcs format).")
+  labels = features["image/class/label"].int64_list.value
+  if len(labels) != 1 or not 0 <= labels[0] - cfg.label_offset < (
+      cfg.num_classes):
+    raise ValueError(
+        f"The first record of {path} has image/class/label {list(labels)}; "
+        f"after subtracting --label_offset={cfg.label_offset} it must be one "
+        f"value in [0, --num_classes={cfg.num_classes}).")
+
+
+def check_data_dir(cfg: TrainConfig) -> None:
+  """Raises ValueError naming the file when the data cannot be trained on."""
+  for split in input_pipeline.SPLITS:
+    files = input_pipeline.split_files(cfg.data_dir, split)
+    first = _first_record(files)
+    if first is None:
+      raise ValueError(f"--data_dir={cfg.data_dir!r}: the {len(files)} "
+                       f"{split} files hold no records.")
+    _check_example(*first, cfg)
+
+
+def check_model_dir(cfg: TrainConfig) -> None:
+  """Raises ValueError if model_dir has checkpoints of another network.
+
+  Must run before this run writes its own config.json.
+  """
+  path = os.path.join(cfg.model_dir, export.CONFIG_FILE)
+  if not (tf.train.latest_checkpoint(cfg.model_dir) and
+          tf.io.gfile.exists(path)):
+    return
+  with tf.io.gfile.GFile(path) as f:
+    found = json.load(f)
+  differ = [f"--{key}={found[key]} there, {getattr(cfg, key)} here"
+            for key in CHECKPOINT_KEYS
+            if key in found and found[key] != getattr(cfg, key)]
+  if differ:
+    raise ValueError(
+        f"--model_dir={cfg.model_dir!r} holds checkpoints of another "
+        f"network ({'; '.join(differ)}). Use a new --model_dir to start "
+        "over, or the same flags to resume.")

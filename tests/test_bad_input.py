@@ -1,0 +1,204 @@
+"""Bad input fails early with a message naming the flag or file, and a few
+broken images in the data never crash training (README "Reliability").
+
+run.run is called with create_strategy replaced: by a function that fails
+where a check must come before strategy start-up, by 2 CPU replicas where
+training must go on.
+"""
+import json
+import os
+
+from absl import flags
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import cpu_strategy
+from resnet_tpu import export
+from resnet_tpu import flags as resnet_flags
+from resnet_tpu import input_pipeline
+from resnet_tpu import run as run_lib
+from resnet_tpu import trainer as trainer_lib
+from resnet_tpu.config import TrainConfig
+from resnet_tpu.metrics_log import read_metrics
+from test_input_pipeline import imagenet_to_gcs_record
+from test_resume_exact import write_random_split
+from tiny_model import tiny_resnet
+
+CLASSES = 10
+
+
+def _config(tmp_path, data_dir="", **overrides) -> TrainConfig:
+  values = dict(model_dir=str(tmp_path / "model"), data_dir=str(data_dir),
+                use_synthetic_data=not data_dir, strategy="cpu",
+                num_cpu_replicas=2, resnet_depth=18, num_classes=CLASSES,
+                image_size=32, global_batch_size=8, eval_batch_size=8,
+                train_steps=4, steps_per_loop=4, num_train_images=32,
+                lr_schedule="constant", warmup_epochs=0.0)
+  values.update(overrides)
+  return TrainConfig(**values)
+
+
+def _no_strategy(*args, **kwargs):
+  raise AssertionError("the strategy started before the input was checked")
+
+
+@pytest.fixture
+def before_startup(monkeypatch):
+  monkeypatch.setattr(run_lib, "create_strategy", _no_strategy)
+
+
+def _write(path, records: list[bytes]) -> None:
+  with tf.io.TFRecordWriter(str(path)) as writer:
+    for record in records:
+      writer.write(record)
+
+
+def _jpeg(seed: int = 0) -> bytes:
+  image = np.random.default_rng(seed).integers(0, 256, (40, 40, 3),
+                                               dtype=np.uint8)
+  return tf.io.encode_jpeg(image).numpy()
+
+
+# --- before start-up ----------------------------------------------------------
+
+@pytest.mark.parametrize("overrides,flag", [
+    (dict(image_size=16), "--image_size"),
+    (dict(global_batch_size=6, num_cpu_replicas=4), "--global_batch_size"),
+    (dict(bn_group_size=3), "--bn_group_size"),
+    (dict(skip_nonfinite_steps=True, batch_size_schedule="0:16"),
+     "--skip_nonfinite_steps"),
+])
+def test_bad_sizes_fail_before_startup_naming_the_flag(
+    tmp_path, before_startup, overrides, flag):
+  with pytest.raises(ValueError, match=flag):
+    run_lib.run(_config(tmp_path, **overrides))
+
+
+def test_missing_or_empty_data_dir_fails_naming_it(tmp_path, before_startup):
+  with pytest.raises(ValueError, match="--data_dir=.*not a directory"):
+    run_lib.run(_config(tmp_path, tmp_path / "nowhere"))
+  (tmp_path / "empty").mkdir()
+  with pytest.raises(ValueError, match="--data_dir=.*no 'train-\\*'"):
+    run_lib.run(_config(tmp_path, tmp_path / "empty"))
+
+
+def test_files_that_are_not_tfrecords_fail_naming_the_file(tmp_path,
+                                                           before_startup):
+  for name in ("train-00000-of-00001", "validation-00000-of-00001"):
+    (tmp_path / name).write_text("image,label\ncat.jpg,1\n" * 20)
+  with pytest.raises(ValueError,
+                     match="train-00000-of-00001 .*is not a TFRecord file"):
+    run_lib.run(_config(tmp_path, tmp_path))
+
+
+def test_records_missing_features_fail_naming_them(tmp_path, before_startup):
+  only_image = tf.train.Example(features=tf.train.Features(feature={
+      "image/encoded": tf.train.Feature(
+          bytes_list=tf.train.BytesList(value=[_jpeg()]))}))
+  for split in ("train", "validation"):
+    _write(tmp_path / f"{split}-00000-of-00001",
+           [only_image.SerializeToString()])
+  with pytest.raises(ValueError, match=r"lacks the features "
+                     r"\['image/class/label'\]"):
+    run_lib.run(_config(tmp_path, tmp_path))
+
+
+def test_first_label_outside_num_classes_fails_naming_both_flags(
+    tmp_path, before_startup):
+  for split in ("train", "validation"):
+    _write(tmp_path / f"{split}-00000-of-00001",
+           [imagenet_to_gcs_record(0, _jpeg())])  # 0-based data, offset 1
+  with pytest.raises(ValueError, match=r"--label_offset=1 .*\[0, "
+                     r"--num_classes=10\)"):
+    run_lib.run(_config(tmp_path, tmp_path))
+
+
+def test_model_dir_of_another_network_fails_before_startup(tmp_path,
+                                                           before_startup):
+  old = _config(tmp_path, resnet_depth=50)
+  export.write_config(old)
+  tf.train.Checkpoint(step=tf.Variable(1)).save(
+      os.path.join(old.model_dir, "ckpt"))
+  with pytest.raises(ValueError, match=r"--model_dir=.*another network "
+                     r"\(--resnet_depth=50 there, 18 here\)"):
+    run_lib.run(_config(tmp_path))
+
+
+def test_checkpoint_that_does_not_restore_fails_naming_model_dir(
+    tmp_path, monkeypatch):
+  monkeypatch.setattr(trainer_lib, "build_model", tiny_resnet)
+  trainer_lib.Trainer(_config(tmp_path), cpu_strategy(1)).save()
+  other = trainer_lib.Trainer(_config(tmp_path, num_classes=5),
+                              cpu_strategy(1))
+  with pytest.raises(ValueError, match=r"--model_dir=.* holds .*ckpt-0, "
+                     r"which does not fit this run \(.*--num_classes=5"):
+    other.restore()
+
+
+def test_flagfile_with_an_unknown_flag_fails_naming_it(tmp_path):
+  flagfile = tmp_path / "run.cfg"
+  flagfile.write_text("--resnet_depth=18\n--resnet_dept=50\n")
+  flag_values = flags.FlagValues()
+  resnet_flags.define_flags(flag_values)
+  with pytest.raises(flags.UnrecognizedFlagError, match="resnet_dept"):
+    flag_values(["main.py", f"--flagfile={flagfile}"])
+
+
+# --- while training -------------------------------------------------------------
+
+def test_label_outside_num_classes_in_a_later_record_stops_the_input(
+    tmp_path):
+  records = [imagenet_to_gcs_record(label, _jpeg()) for label in (1, 2, 11)]
+  _write(tmp_path / "train-00000-of-00001", records)
+  cfg = input_pipeline.InputConfig(data_dir=str(tmp_path), image_size=32,
+                                   num_classes=CLASSES)
+  dataset = input_pipeline.train_dataset_fn(cfg, 3)(
+      tf.distribute.InputContext())
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=r"outside \[0, --num_classes=10\) after "
+                     r"subtracting --label_offset=1"):
+    next(iter(dataset))
+
+
+def _broken_jpegs() -> dict[str, bytes]:
+  good = _jpeg(1)
+  return {"truncated": good[:len(good) // 2], "empty": b"",
+          "png": tf.io.encode_png(np.zeros((8, 8, 3), np.uint8)).numpy(),
+          "text": b"<html>404 Not Found</html>"}
+
+
+def test_undecodable_images_are_counted_and_skipped_not_a_crash(
+    tmp_path, monkeypatch, caplog):
+  monkeypatch.setattr(trainer_lib, "build_model", tiny_resnet)
+  monkeypatch.setattr(run_lib, "create_strategy",
+                      lambda *args, **kwargs: cpu_strategy(2))
+  write_random_split(tmp_path, "validation", 8, 1)
+  good = [imagenet_to_gcs_record(1 + i % CLASSES, _jpeg(i))
+          for i in range(28)]
+  bad = [imagenet_to_gcs_record(1, jpeg) for jpeg in _broken_jpegs().values()]
+  _write(tmp_path / "train-00000-of-00002", good[:14] + bad[:2])
+  _write(tmp_path / "train-00001-of-00002", bad[2:] + good[14:])
+  # 4 steps of 8 read the 32 records exactly once.
+  run_lib.run(_config(tmp_path, tmp_path, shuffle_buffer_size=32))
+  train = [r for r in read_metrics(tmp_path / "model")
+           if r["split"] == "train"]
+  assert sum(r["undecodable_images"] for r in train) == len(bad)
+  assert sum(r["examples"] for r in train) == len(good)
+  assert "4 undecodable image(s)" in caplog.text
+
+
+def test_jpeg_that_passes_the_byte_check_but_fails_to_decode_is_dropped(
+    tmp_path):
+  good = _jpeg(2)
+  header_damaged = good[:20] + bytes(100) + good[120:]
+  records = [imagenet_to_gcs_record(label, jpeg) for label, jpeg in
+             ((1, good), (2, header_damaged), (3, good))]
+  _write(tmp_path / "train-00000-of-00001", records)
+  cfg = input_pipeline.InputConfig(data_dir=str(tmp_path), image_size=32,
+                                   num_classes=CLASSES, seed=0,
+                                   shuffle_buffer_size=1)
+  dataset = input_pipeline.train_dataset_fn(cfg, 1)(
+      tf.distribute.InputContext())
+  labels = [int(label[0]) for _, label in dataset.take(4)]
+  assert labels == [0, 2, 0, 2]  # the damaged record (label 1) is dropped

@@ -1,0 +1,98 @@
+"""A dead worker stops a multi-worker run within a bounded time, and
+restarting every worker resumes from the last checkpoint.
+
+Two processes train under MultiWorkerMirroredStrategy on 127.0.0.1
+(tests/reliability_worker.py: main.py with a tiny network). Once a
+checkpoint exists, worker 1 is killed with SIGKILL (no chance to clean up,
+as when a VM vanishes). The coordination service that MultiWorkerMirrored-
+Strategy starts in TF 2.21 misses worker 1's heartbeats (10 s by default)
+and aborts worker 0's pending collective; the trainer turns that into
+preemption.WorkerLost, which main.py exits with code 43.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import tensorflow as tf
+
+from resnet_tpu import preemption
+from test_multi_worker import _free_loopback_ports
+from test_multi_worker import _wait
+
+WORKERS = 2
+STARTUP_TIMEOUT_S = 240
+# Heartbeat timeout (10 s) + abort + process teardown, with slack for a
+# loaded CI machine.
+FAILURE_DETECTION_BOUND_S = 90
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER_SCRIPT = os.path.join(ROOT, "tests", "reliability_worker.py")
+
+
+def _start_workers(model_dir, log_dir, train_steps: int
+                   ) -> list[subprocess.Popen]:
+  cluster = {"worker": [f"127.0.0.1:{p}"
+                        for p in _free_loopback_ports(WORKERS)]}
+  log_dir.mkdir(exist_ok=True)
+  processes = []
+  for task in range(WORKERS):
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=ROOT,
+               TF_CPP_MIN_LOG_LEVEL="2", TF_CONFIG=json.dumps(
+                   {"cluster": cluster,
+                    "task": {"type": "worker", "index": task}}))
+    with open(log_dir / f"worker_{task}.log", "w") as log:
+      processes.append(subprocess.Popen(
+          [sys.executable, WORKER_SCRIPT, f"--model_dir={model_dir}",
+           "--strategy=multi_worker", "--use_synthetic_data",
+           "--num_classes=10", "--image_size=32", "--global_batch_size=4",
+           "--eval_batch_size=4", f"--train_steps={train_steps}",
+           "--steps_per_loop=5", "--checkpoint_every_steps=10",
+           "--lr_schedule=constant", "--warmup_epochs=0"],
+          env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT))
+  return processes
+
+
+def _kill_all(processes) -> None:
+  for process in processes:
+    if process.poll() is None:
+      process.kill()
+      process.wait()
+
+
+def _checkpoint_step(model_dir) -> int:
+  latest = tf.train.latest_checkpoint(model_dir)
+  return int(latest.rsplit("-", 1)[1]) if latest else 0
+
+
+def test_killed_worker_stops_the_other_in_bounded_time_and_restart_resumes(
+    tmp_path):
+  model_dir = tmp_path / "model"
+  first = tmp_path / "first"
+  processes = _start_workers(model_dir, first, train_steps=1_000_000)
+  try:
+    deadline = time.time() + STARTUP_TIMEOUT_S
+    while not _checkpoint_step(model_dir):
+      assert time.time() < deadline and all(
+          p.poll() is None for p in processes), (
+              (first / "worker_0.log").read_text()[-3000:])
+      time.sleep(0.5)
+    processes[1].send_signal(signal.SIGKILL)
+    killed_at = time.time()
+    code = processes[0].wait(timeout=FAILURE_DETECTION_BOUND_S)
+    detected_s = time.time() - killed_at
+  finally:
+    _kill_all(processes)
+  log = (first / "worker_0.log").read_text()
+  assert code == preemption.WORKER_LOST_EXIT_CODE, log[-3000:]
+  assert "Lost contact with another worker" in log
+  print(f"worker 0 exited {detected_s:.1f} s after worker 1 was killed")
+
+  resumed_from = _checkpoint_step(model_dir)
+  second = tmp_path / "second"
+  processes = _start_workers(model_dir, second, resumed_from + 10)
+  _wait(processes, second, time.time() + STARTUP_TIMEOUT_S)
+  log = (second / "worker_0.log").read_text()
+  assert f"ckpt-{resumed_from} at step {resumed_from}" in log  # "Restored"
+  assert _checkpoint_step(model_dir) == resumed_from + 10
