@@ -1,0 +1,152 @@
+"""Every flags/*.cfg recipe parses, validates and trains on CPU.
+
+The flagfiles hold the published recipes (Ying et al. 2018, Mikami et al.
+2018, Akiba et al. 2017, Goyal et al. 2017) and per-machine settings. Each is
+checked as written against the replica count its header names, then shrunk
+to ResNet-18 at 32 px on 2 virtual CPU replicas, keeping its optimizer, LR
+schedule, precision, label smoothing, BN statistics and batch-size control,
+and trained for 2 steps; files that shrink to the same toy config (the
+machine recipes differ only in what shrinking replaces) share one run. A
+typo in a flag or an inconsistent recipe fails here, not on a pod. New files
+in flags/ are picked up by the glob.
+"""
+import dataclasses
+import glob
+import math
+import os
+import re
+
+from absl import flags
+import pytest
+import tensorflow as tf
+
+from resnet_tpu import config as config_lib
+from resnet_tpu import flags as resnet_flags
+from resnet_tpu.config import TrainConfig
+from resnet_tpu.metrics_log import read_metrics
+from resnet_tpu.run import run
+
+FLAGS_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "flags")
+FLAGFILES = sorted(glob.glob(os.path.join(FLAGS_DIR, "*.cfg")))
+RECIPES = ("ying2018_v3-1024.cfg", "mikami2018_abci_2176gpu.cfg",
+           "akiba2017_32k.cfg", "goyal2017_8k.cfg", "v3-8.cfg", "v4-8.cfg",
+           "v3-32.cfg", "gpu_8x.cfg", "cpu_demo.cfg")
+REPLICAS_LINE = re.compile(r"^# replicas: (\d+)$", re.MULTILINE)
+FLAG_LINE = re.compile(r"^--\w+=\S*$")
+# Toy runs: 2 replicas x 4 images a micro-batch, 16 images an epoch. Batch-
+# size control becomes 2 then 4 accumulated micro-batches: the phase changes
+# after 1 step, and both phases use the one accumulating loop (one trace).
+TINY_BATCH = 8
+TINY_EPOCH = 16
+TINY_SCHEDULE = "0:16,1:32"
+
+
+def parse_flagfile(path: str) -> TrainConfig:
+  """The TrainConfig of `main.py --flagfile=path`, as main.py builds it."""
+  flag_values = flags.FlagValues()
+  resnet_flags.define_flags(flag_values)
+  flag_values(["main.py", f"--flagfile={path}", "--model_dir=/tmp/unused"])
+  return resnet_flags.config_from_flags(flag_values)
+
+
+def replicas_of(path: str, cfg: TrainConfig) -> int:
+  """The '# replicas: N' of the header, or --num_cpu_replicas for CPU runs."""
+  with open(path) as f:
+    match = REPLICAS_LINE.search(f.read())
+  if match:
+    return int(match.group(1))
+  assert cfg.strategy == "cpu", (
+      f"{path}: the header must name its replica count ('# replicas: N').")
+  return cfg.num_cpu_replicas
+
+
+def shrink(cfg: TrainConfig, model_dir: str) -> TrainConfig:
+  """`cfg` at toy size: ResNet-18, 32 px, 2 CPU replicas, 2 steps.
+
+  The LR schedule keeps the recipe's length in epochs; two steps are an
+  epoch or more of it, so warm-up and decays move. A batch-size schedule
+  becomes TINY_SCHEDULE; a 2-D all-reduce grid becomes the squarest for 2.
+  """
+  return dataclasses.replace(
+      cfg, model_dir=model_dir, data_dir="", use_synthetic_data=True,
+      resnet_depth=18, image_size=32, strategy="cpu", tpu="",
+      num_cpu_replicas=2, bn_group_size=min(cfg.bn_group_size, 2),
+      global_batch_size=TINY_BATCH, eval_batch_size=TINY_BATCH,
+      batch_size_schedule=TINY_SCHEDULE if cfg.batch_size_schedule else "",
+      num_train_images=TINY_EPOCH, train_epochs=cfg.total_train_epochs,
+      train_steps=2, steps_per_loop=1,
+      all_reduce_grid="", eval_every_steps=0, checkpoint_every_steps=0,
+      cache_dataset=False, export_dir="")
+
+
+def test_every_published_recipe_and_machine_has_a_flagfile():
+  names = {os.path.basename(p) for p in FLAGFILES}
+  assert set(RECIPES) <= names, sorted(set(RECIPES) - names)
+
+
+@pytest.mark.parametrize("path", FLAGFILES, ids=os.path.basename)
+def test_flagfile_is_a_header_then_one_flag_per_line(path):
+  with open(path) as f:
+    lines = [line.rstrip("\n") for line in f]
+  assert lines[0].startswith("# "), f"{path} must start with a comment"
+  header_end = next(i for i, line in enumerate(lines)
+                    if not line.startswith("#"))
+  body = lines[header_end:]
+  assert body and all(FLAG_LINE.match(line) for line in body), body
+  names = [line[2:].split("=")[0] for line in body]
+  assert len(names) == len(set(names)), f"{path} repeats a flag"
+  assert not {"data_dir", "model_dir"} & set(names), (
+      f"{path}: --data_dir and --model_dir belong on the command line")
+
+
+@pytest.mark.parametrize("path", FLAGFILES, ids=os.path.basename)
+def test_flagfile_validates_for_the_replica_count_it_names(path):
+  cfg = parse_flagfile(path)
+  config_lib.validate(dataclasses.replace(cfg, use_synthetic_data=True),
+                      replicas_of(path, cfg))
+
+
+@pytest.fixture(scope="module")
+def train_toy(tmp_path_factory):
+  """Trains a shrunk config once per module; returns its train records."""
+  trained = {}
+
+  def train(toy: TrainConfig) -> list[dict]:
+    if toy not in trained:
+      cfg = dataclasses.replace(
+          toy, model_dir=str(tmp_path_factory.mktemp("toy_run")))
+      # A fresh MirroredStrategy per run in one process: shift its collective
+      # keys, as conftest.cpu_strategy does, so runs never share an instance.
+      tf.distribute.MirroredStrategy._collective_key_base += 100000
+      run(cfg)
+      trained[toy] = [r for r in read_metrics(cfg.model_dir)
+                      if r["split"] == "train"]
+    return trained[toy]
+
+  return train
+
+
+@pytest.mark.parametrize("path", FLAGFILES, ids=os.path.basename)
+def test_flagfile_recipe_trains_2_steps_on_2_cpu_replicas(path, train_toy):
+  toy = shrink(parse_flagfile(path), model_dir="")
+  train = train_toy(toy)
+  assert train[-1]["step"] == 2
+  assert all(math.isfinite(r["loss"]) for r in train), train
+  last_batch = toy.clock.global_batch_at_step(1)
+  assert last_batch == (32 if toy.batch_size_schedule else TINY_BATCH)
+  assert train[-1]["examples"] == last_batch
+
+
+def test_unknown_flag_in_a_flagfile_fails_parsing(tmp_path):
+  path = tmp_path / "typo.cfg"
+  path.write_text("# A recipe with a typo.\n--global_batch_size=8\n"
+                  "--lables_smoothing=0.1\n")
+  with pytest.raises(flags.UnrecognizedFlagError, match="lables_smoothing"):
+    parse_flagfile(str(path))
+
+
+def test_bad_enum_value_in_a_flagfile_fails_parsing(tmp_path):
+  path = tmp_path / "bad_optimizer.cfg"
+  path.write_text("# A recipe with an unknown optimizer.\n--optimizer=lamb\n")
+  with pytest.raises(flags.IllegalFlagValueError, match="lamb"):
+    parse_flagfile(str(path))
