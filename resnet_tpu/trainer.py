@@ -221,10 +221,10 @@ class Trainer:
       self.checkpoint.restore(latest).assert_existing_objects_matched()
     except (AssertionError, ValueError, tf.errors.OpError) as e:
       raise ValueError(
-          f"--model_dir={cfg.model_dir!r} holds {latest}, which does not fit "
-          f"this run (--resnet_depth={cfg.resnet_depth}, --num_classes="
-          f"{cfg.num_classes}, --optimizer={cfg.optimizer}): {e}\nUse a new "
-          "--model_dir, or the flags of the run that wrote it (its "
+          f"--model_dir={cfg.model_dir!r}: cannot restore {latest} into this "
+          f"run (--resnet_depth={cfg.resnet_depth}, --num_classes="
+          f"{cfg.num_classes}, --optimizer={cfg.optimizer}): {e}\nIf another "
+          "network wrote it, use a new --model_dir or that run's flags (its "
           "config.json).") from e
     dropped = self.metrics.drop_after(self.step)
     logging.info("Restored %s at step %d (input at global batch %d)%s",
@@ -376,17 +376,22 @@ class Trainer:
     batch-size change does not retrace.
     """
     outputs = _empty_loop_outputs()
-    for i in tf.range(num_steps):
-      sums = tf.zeros([NUM_SUMS + 1])
-      for _ in tf.range(micro_batches):
-        per_replica = self.strategy.run(
-            self._accumulate_step, args=next(iterator) + (micro_batches,))
-        sums += self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica,
-                                     axis=None)
-      nonfinite = self.strategy.reduce(
-          tf.distribute.ReduceOp.SUM,
-          self.strategy.run(self._apply_accumulated), axis=None)
-      outputs = _add_step(outputs, tf.concat([sums, [nonfinite]], 0), i)
+    sums = tf.zeros([NUM_SUMS + 1])
+    # One flat loop: nested while loops here trip Grappler's arithmetic
+    # optimizer (AlreadyExists on an AddOpsRewrite TemporaryVariable) from
+    # the second call on.
+    for micro in tf.range(num_steps * micro_batches):
+      per_replica = self.strategy.run(
+          self._accumulate_step, args=next(iterator) + (micro_batches,))
+      sums += self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica,
+                                   axis=None)
+      if (micro + 1) % micro_batches == 0:
+        nonfinite = self.strategy.reduce(
+            tf.distribute.ReduceOp.SUM,
+            self.strategy.run(self._apply_accumulated), axis=None)
+        outputs = _add_step(outputs, tf.concat([sums, [nonfinite]], 0),
+                            micro // micro_batches)
+        sums = tf.zeros([NUM_SUMS + 1])
     return outputs
 
   @tf.function
