@@ -220,12 +220,13 @@ class Trainer:
     try:
       self.checkpoint.restore(latest).assert_existing_objects_matched()
     except (AssertionError, ValueError, tf.errors.OpError) as e:
+      reason = str(e).split("\n", 1)[0]  # Keras appends the whole variable
       raise ValueError(
           f"--model_dir={cfg.model_dir!r}: cannot restore {latest} into this "
           f"run (--resnet_depth={cfg.resnet_depth}, --num_classes="
-          f"{cfg.num_classes}, --optimizer={cfg.optimizer}): {e}\nIf another "
-          "network wrote it, use a new --model_dir or that run's flags (its "
-          "config.json).") from e
+          f"{cfg.num_classes}, --optimizer={cfg.optimizer}): {reason}\nIf "
+          "another network wrote it, use a new --model_dir or that run's "
+          "flags (its config.json).") from e
     dropped = self.metrics.drop_after(self.step)
     logging.info("Restored %s at step %d (input at global batch %d)%s",
                  latest, self.step, int(self.input_batches.numpy()),

@@ -5,7 +5,6 @@ run.run is called with create_strategy replaced: by a function that fails
 where a check must come before strategy start-up, by 2 CPU replicas where
 training must go on.
 """
-import json
 import os
 
 from absl import flags
@@ -60,7 +59,7 @@ def _jpeg(seed: int = 0) -> bytes:
   return tf.io.encode_jpeg(image).numpy()
 
 
-# --- before start-up ----------------------------------------------------------
+# --- before start-up -------------------------------------------------------
 
 @pytest.mark.parametrize("overrides,flag", [
     (dict(image_size=16), "--image_size"),
@@ -131,8 +130,8 @@ def test_checkpoint_that_does_not_restore_fails_naming_model_dir(
   trainer_lib.Trainer(_config(tmp_path), cpu_strategy(1)).save()
   other = trainer_lib.Trainer(_config(tmp_path, num_classes=5),
                               cpu_strategy(1))
-  with pytest.raises(ValueError, match=r"--model_dir=.* holds .*ckpt-0, "
-                     r"which does not fit this run \(.*--num_classes=5"):
+  with pytest.raises(ValueError, match=r"--model_dir=.*: cannot restore "
+                     r".*ckpt-0 into this run \(.*--num_classes=5"):
     other.restore()
 
 
@@ -145,7 +144,7 @@ def test_flagfile_with_an_unknown_flag_fails_naming_it(tmp_path):
     flag_values(["main.py", f"--flagfile={flagfile}"])
 
 
-# --- while training -------------------------------------------------------------
+# --- while training --------------------------------------------------------
 
 def test_label_outside_num_classes_in_a_later_record_stops_the_input(
     tmp_path):

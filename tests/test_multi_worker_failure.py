@@ -1,5 +1,6 @@
-"""A dead worker stops a multi-worker run within a bounded time, and
-restarting every worker resumes from the last checkpoint.
+"""A dead worker stops a multi-worker run within a bounded time; restarting
+every worker resumes from the last checkpoint; SIGTERM to one worker stops
+all of them at the same step with one checkpoint.
 
 Two processes train under MultiWorkerMirroredStrategy on 127.0.0.1
 (tests/reliability_worker.py: main.py with a tiny network). Once a
@@ -7,10 +8,14 @@ checkpoint exists, worker 1 is killed with SIGKILL (no chance to clean up,
 as when a VM vanishes). The coordination service that MultiWorkerMirrored-
 Strategy starts in TF 2.21 misses worker 1's heartbeats (10 s by default)
 and aborts worker 0's pending collective; the trainer turns that into
-preemption.WorkerLost, which main.py exits with code 43.
+preemption.WorkerLost, which main.py exits with code 43. Both workers are
+then restarted with the same flags; they resume, and a SIGTERM to worker 1
+alone (agreed on by an all-reduce after each host loop) makes both save and
+exit with code 42.
 """
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,7 +25,6 @@ import tensorflow as tf
 
 from resnet_tpu import preemption
 from test_multi_worker import _free_loopback_ports
-from test_multi_worker import _wait
 
 WORKERS = 2
 STARTUP_TIMEOUT_S = 240
@@ -61,16 +65,34 @@ def _kill_all(processes) -> None:
       process.wait()
 
 
+def _wait_for_step_above(log_path, step: int, processes,
+                         deadline: float) -> None:
+  while time.time() < deadline:
+    logged = [int(s) for s in re.findall(r"step (\d+)/", log_path.read_text())]
+    if logged and max(logged) > step:
+      return
+    assert all(p.poll() is None for p in processes), (
+        log_path.read_text()[-3000:])
+    time.sleep(0.5)
+  raise AssertionError(f"no step above {step} in {log_path}")
+
+
+def _preempted_step(log_path) -> int:
+  return int(re.search(r"Preempted \(SIGTERM\) at step (\d+)/",
+                       log_path.read_text())[1])
+
+
 def _checkpoint_step(model_dir) -> int:
   latest = tf.train.latest_checkpoint(model_dir)
   return int(latest.rsplit("-", 1)[1]) if latest else 0
 
 
-def test_killed_worker_stops_the_other_in_bounded_time_and_restart_resumes(
+def test_worker_killed_stops_peer_restart_resumes_sigterm_stops_all(
     tmp_path):
+  steps = 1_000_000
   model_dir = tmp_path / "model"
   first = tmp_path / "first"
-  processes = _start_workers(model_dir, first, train_steps=1_000_000)
+  processes = _start_workers(model_dir, first, steps)
   try:
     deadline = time.time() + STARTUP_TIMEOUT_S
     while not _checkpoint_step(model_dir):
@@ -91,8 +113,19 @@ def test_killed_worker_stops_the_other_in_bounded_time_and_restart_resumes(
 
   resumed_from = _checkpoint_step(model_dir)
   second = tmp_path / "second"
-  processes = _start_workers(model_dir, second, resumed_from + 10)
-  _wait(processes, second, time.time() + STARTUP_TIMEOUT_S)
-  log = (second / "worker_0.log").read_text()
-  assert f"ckpt-{resumed_from} at step {resumed_from}" in log  # "Restored"
-  assert _checkpoint_step(model_dir) == resumed_from + 10
+  processes = _start_workers(model_dir, second, steps)
+  try:
+    _wait_for_step_above(second / "worker_0.log", resumed_from, processes,
+                         time.time() + STARTUP_TIMEOUT_S)
+    processes[1].send_signal(signal.SIGTERM)
+    codes = [p.wait(timeout=FAILURE_DETECTION_BOUND_S) for p in processes]
+  finally:
+    _kill_all(processes)
+  logs = [(second / f"worker_{task}.log").read_text()
+          for task in range(WORKERS)]
+  assert codes == [preemption.PREEMPTED_EXIT_CODE] * WORKERS, logs[0][-3000:]
+  assert f"ckpt-{resumed_from} at step {resumed_from}" in logs[0]  # Restored
+  stopped = [_preempted_step(second / f"worker_{task}.log")
+             for task in range(WORKERS)]
+  assert stopped[0] == stopped[1] > resumed_from
+  assert _checkpoint_step(model_dir) == stopped[0]
