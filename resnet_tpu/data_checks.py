@@ -63,8 +63,8 @@ def guard_train(dataset: tf.data.Dataset, num_classes: int,
                 label_offset: int) -> tf.data.Dataset:
   """(image, label, decodable) -> (image, label or UNDECODABLE_LABEL).
 
-  Drops elements whose parse or decode raised (with a logged warning) and,
-  when num_classes > 0, checks every label.
+  Drops elements (examples or batches) whose parse or decode raised, with a
+  logged warning, and, when num_classes > 0, checks every label.
   """
   def mark(image, label, decodable):
     if num_classes:
@@ -88,6 +88,6 @@ def guard_eval(dataset: tf.data.Dataset, num_classes: int,
 
 def _guard(dataset: tf.data.Dataset, mark: Callable) -> tf.data.Dataset:
   # Explicitly ordered: tf.data would otherwise parallelise this map under
-  # the pipeline's deterministic=False and let records cross epochs.
+  # the pipeline's deterministic=False and let elements cross epochs.
   return dataset.ignore_errors(log_warning=True).map(
       mark, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
