@@ -10,10 +10,12 @@ replicas (one float32 group all-reduce per BN layer, forward and backward).
 from absl import app
 from absl import flags
 from absl import logging
+import keras
 import tensorflow as tf
 
 from resnet_tpu import input_pipeline
 from resnet_tpu.config import TrainConfig
+from resnet_tpu.distributed_batch_norm import DistributedBatchNormalization
 from resnet_tpu.strategy import configure_cpu_replicas
 from resnet_tpu.trainer import Trainer
 from tools import bench_common
@@ -23,8 +25,17 @@ REPLICAS = 8
 GROUPS = (1, 4, 8)
 
 
+def smoke_net(cfg: TrainConfig) -> keras.Model:
+  """conv -> distributed BN -> pool -> dense: keeps --tiny to seconds."""
+  inputs = keras.Input((cfg.image_size, cfg.image_size, 3))
+  x = keras.layers.Conv2D(8, 3, strides=2, use_bias=False)(inputs)
+  x = DistributedBatchNormalization(group_size=cfg.bn_group_size)(x)
+  x = keras.layers.GlobalAveragePooling2D()(keras.layers.ReLU()(x))
+  return keras.Model(inputs, keras.layers.Dense(cfg.num_classes)(x))
+
+
 def step_timer(strategy, group_size: int, depth: int, image_size: int,
-               per_replica: int, steps: int, tmp: str):
+               per_replica: int, steps: int, tmp: str, model_fn=None):
   """A callable timing one training step at `group_size`, warmed up."""
   batch = per_replica * REPLICAS
   cfg = TrainConfig(
@@ -33,7 +44,7 @@ def step_timer(strategy, group_size: int, depth: int, image_size: int,
       bn_group_size=group_size, global_batch_size=batch,
       eval_batch_size=batch, train_steps=1, lr_schedule="constant",
       warmup_epochs=0.0)
-  trainer = Trainer(cfg, strategy)
+  trainer = Trainer(cfg, strategy, model_fn=model_fn)
   iterator = iter(strategy.distribute_datasets_from_function(
       input_pipeline.synthetic_dataset_fn(image_size, 1000, batch,
                                           "float32")))
@@ -48,7 +59,8 @@ def markdown(summary: dict, setup: dict) -> str:
   lines = [
       "### Distributed BN: group size on 8 virtual CPU replicas",
       "",
-      f"ResNet-{setup['depth']}, {setup['image_size']} px, "
+      f"{'smoke net' if setup['smoke_net'] else 'ResNet-' + str(setup['depth'])}"
+      f", {setup['image_size']} px, "
       f"{setup['per_replica']} images per replica, {setup['repetitions']} "
       f"alternating repetitions of {setup['steps']} steps.",
       "",
@@ -67,14 +79,15 @@ def main(argv: list[str]) -> None:
   tf.get_logger().setLevel("WARNING")
   setup = dict(depth=FLAGS.resnet_depth, image_size=FLAGS.image_size,
                per_replica=FLAGS.per_replica_batch, steps=FLAGS.steps,
-               repetitions=FLAGS.repetitions)
+               repetitions=FLAGS.repetitions, smoke_net=False)
   if FLAGS.tiny:
-    setup.update(depth=18, image_size=32, per_replica=1, steps=1,
-                 repetitions=1)
+    setup.update(image_size=32, per_replica=1, steps=1, repetitions=1,
+                 smoke_net=True)
   strategy = tf.distribute.MirroredStrategy(configure_cpu_replicas(REPLICAS))
   timers = {f"bn_group_size={g}": step_timer(
       strategy, g, setup["depth"], setup["image_size"], setup["per_replica"],
-      setup["steps"], FLAGS.scratch_dir) for g in GROUPS}
+      setup["steps"], FLAGS.scratch_dir,
+      smoke_net if setup["smoke_net"] else None) for g in GROUPS}
   summary = bench_common.summarise(
       bench_common.alternate(timers, setup["repetitions"]))
   ratio = (summary["bn_group_size=4"]["median"] /
