@@ -76,7 +76,7 @@ HELP = {
     "lars_eta": "LARS trust coefficient.",
     "lars_epsilon": "Added to the LARS trust-ratio denominator.",
     "rmsprop_learning_rate": "LR of the RMSprop part of rmsprop_warmup.",
-    "rmsprop_warmup_center_epochs": "Epoch where RMSprop warm-up is half "
+    "rmsprop_warmup_center_epochs": "Epoch where RMSprop warm-up is about half "
                                     "SGD.",
     "rmsprop_warmup_period_epochs": "Pure momentum SGD from center + "
                                     "period/2 epochs on.",

@@ -17,8 +17,11 @@ alpha is the SGD share, a function of the epoch e with centre c and period p:
            = 1                            from e = c + p / 2 on
 
 that is 0.5 * (elu(2 * (e - c) / p) + 1) capped at 1: smooth, 0.5 at the
-centre, exactly 1 (pure momentum SGD) from c + p / 2 on. With alpha = 0 the
-update is exactly RMSprop with momentum (epsilon outside the square root).
+centre, exactly 1 (pure momentum SGD) from c + p / 2 on. The curve is then
+shifted and rescaled, alpha <- (alpha - alpha(0)) / (1 - alpha(0)), so the
+first step is exactly RMSprop (the re-implementation starts at alpha(0) =
+0.5 * exp(-2c / p), 0.9% SGD with the defaults). With alpha = 0 the update
+is exactly RMSprop with momentum (epsilon outside the square root).
 
 The velocity v holds learning-rate-scaled steps, as Keras SGD's does; for a
 constant LR this equals the re-implementation's `w += lr * d` form and avoids
@@ -33,12 +36,20 @@ from keras import ops
 from resnet_tpu.schedules import EpochClock
 
 
-def sgd_share(epoch, center_epochs: float, period_epochs: float):
-  """The SGD share alpha(epoch) of the module docstring, as float32."""
+def _elu_share(epoch, center_epochs: float, period_epochs: float):
   x = 2.0 * (ops.cast(epoch, "float32") - center_epochs) / period_epochs
-  elu_part = ops.where(x < 0, 0.5 * ops.exp(ops.minimum(x, 0.0)),
-                       0.5 + 0.5 * x)
-  return ops.minimum(elu_part, 1.0)
+  return ops.where(x < 0, 0.5 * ops.exp(ops.minimum(x, 0.0)), 0.5 + 0.5 * x)
+
+
+def sgd_share(epoch, center_epochs: float, period_epochs: float):
+  """The SGD share alpha(epoch) of the module docstring, as float32.
+
+  0 at epoch 0 (pure RMSprop), 1 from center + period / 2 on (pure SGD).
+  """
+  start = _elu_share(0.0, center_epochs, period_epochs)
+  share = (_elu_share(epoch, center_epochs, period_epochs) - start) / (
+      1.0 - start)
+  return ops.clip(share, 0.0, 1.0)
 
 
 @keras.saving.register_keras_serializable(package="resnet_tpu")

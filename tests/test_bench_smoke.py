@@ -12,7 +12,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _run(module: str, output_dir, *args, timeout=300):
+def _run(module: str, output_dir, *args, timeout=600):
   result = subprocess.run(
       [sys.executable, "-m", module, f"--output_dir={output_dir}", *args],
       cwd=ROOT, capture_output=True, text=True, timeout=timeout)

@@ -51,13 +51,17 @@ def gradients(steps, shape=(3, 2), seed=0):
 
 def test_sgd_share_follows_the_elu_shaped_curve():
   values = [float(sgd_share(e, 10.0, 5.0)) for e in (0, 9, 10, 11, 12.5, 30)]
+  start = 0.5 * math.exp(-4)
+  raw = [start, 0.5 * math.exp(-0.4), 0.5, 0.7]
   np.testing.assert_allclose(
-      values, [0.5 * math.exp(-4), 0.5 * math.exp(-0.4), 0.5, 0.7, 1.0, 1.0],
-      rtol=1e-6)
-  # Smooth at the centre: both pieces have slope 1 / period there.
+      values, [(r - start) / (1 - start) for r in raw] + [1.0, 1.0],
+      rtol=1e-5, atol=1e-7)
+  assert values[0] == 0.0
+  # Smooth at the centre: both pieces have the same slope there.
   left = float(sgd_share(10 - 1e-3, 10.0, 5.0))
   right = float(sgd_share(10 + 1e-3, 10.0, 5.0))
-  assert (right - left) / 2e-3 == pytest.approx(1 / 5, rel=1e-2)
+  assert (right - left) / 2e-3 == pytest.approx(1 / 5 / (1 - start),
+                                                rel=1e-3)
 
 
 def test_with_zero_sgd_share_it_is_exactly_rmsprop():
@@ -71,17 +75,16 @@ def test_with_zero_sgd_share_it_is_exactly_rmsprop():
     np.testing.assert_allclose(variable.numpy(), w, rtol=1e-6, atol=1e-7)
 
 
-def test_step_0_is_rmsprop_up_to_the_papers_small_sgd_share():
+def test_step_0_is_exactly_rmsprop():
   w0 = np.ones((3, 2), np.float32)
   variable = keras.Variable(w0)
   optimizer = make_optimizer(SgdShareSchedule(**SHARE))
   g = gradients(1)[0]
   optimizer.apply_gradients([(tf.constant(g), variable)])
-  alpha0 = 0.5 * math.exp(-2.0)  # 2 * (0 - center) / period = -2.
-  expected, _, _ = numpy_step(w0, 0 * w0, 0 * w0, g, alpha0)
-  np.testing.assert_allclose(variable.numpy(), expected, rtol=1e-6)
   rmsprop_only, _, _ = numpy_rmsprop_step(w0, 0 * w0, 0 * w0, g)
-  assert not np.allclose(variable.numpy(), rmsprop_only, rtol=1e-6)
+  np.testing.assert_allclose(variable.numpy(), rmsprop_only, rtol=1e-6)
+  sgd_only, _, _ = numpy_step(w0, 0 * w0, 0 * w0, g, 1.0)
+  assert not np.allclose(rmsprop_only, sgd_only, rtol=1e-3)
 
 
 def test_blend_matches_numpy_then_is_exactly_momentum_sgd_after_transition():
@@ -148,7 +151,12 @@ def test_build_optimizer_rmsprop_warmup_transitions_in_epochs_of_the_clock():
       clock=clock)
   assert isinstance(optimizer, RMSpropWarmup)
   assert optimizer.rmsprop_learning_rate == 0.02
-  assert float(optimizer.sgd_share(np.int64(4))) == pytest.approx(0.5)
+  # Step 4 is epoch 1, the centre: half SGD (after the rescaling that makes
+  # step 0 pure RMSprop).
+  start = 0.5 * math.exp(-2.0)
+  assert float(optimizer.sgd_share(np.int64(4))) == pytest.approx(
+      (0.5 - start) / (1 - start))
+  assert float(optimizer.sgd_share(np.int64(0))) == 0.0
   assert float(optimizer.sgd_share(np.int64(FIRST_PURE_SGD_STEP))) == 1.0
   assert weight_decay_in_loss("rmsprop_warmup")
 
