@@ -107,10 +107,10 @@ if __name__ == "__main__":
   flags.DEFINE_string("output_dir", "bench_results", "Where results go.")
   flags.DEFINE_string("scratch_dir", "/tmp/resnet_tpu_bench_bn",
                       "Scratch model_dir (nothing is saved there).")
-  flags.DEFINE_integer("resnet_depth", 50, "ResNet depth.")
+  flags.DEFINE_integer("resnet_depth", 18, "ResNet depth.")
   flags.DEFINE_integer("image_size", 64, "Image side.")
   flags.DEFINE_integer("per_replica_batch", 4, "Images per replica.")
-  flags.DEFINE_integer("steps", 2, "Training steps per timed call.")
+  flags.DEFINE_integer("steps", 1, "Training steps per timed call.")
   flags.DEFINE_integer("repetitions", 3, "Alternating repetitions.")
   flags.DEFINE_bool("tiny", False, "Smoke-test sizes.")
   app.run(main)

@@ -234,8 +234,8 @@ if __name__ == "__main__":
   flags.DEFINE_string("scratch_dir", "/tmp/resnet_tpu_bench_train",
                       "Scratch model_dir (nothing is saved there).")
   flags.DEFINE_integer("image_size", 224, "Image side.")
-  flags.DEFINE_integer("batch_size", 16, "Global batch (1 replica).")
-  flags.DEFINE_integer("steps", 2, "Training steps per timed call.")
+  flags.DEFINE_integer("batch_size", 4, "Global batch (1 replica).")
+  flags.DEFINE_integer("steps", 1, "Training steps per timed call.")
   flags.DEFINE_integer("repetitions", 3, "Alternating repetitions.")
   flags.DEFINE_integer("matmul_size", 2048, "Side of the peak matmul.")
   flags.DEFINE_integer("host_loop_steps", 100, "Steps per host-loop sample.")
