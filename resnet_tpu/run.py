@@ -12,6 +12,7 @@ from resnet_tpu import export
 from resnet_tpu import input_pipeline
 from resnet_tpu import preflight
 from resnet_tpu.config import TrainConfig
+from resnet_tpu.strategy import configure_cpu_replicas
 from resnet_tpu.strategy import create_strategy
 from resnet_tpu.strategy import resolve_kind
 from resnet_tpu.trainer import Trainer
@@ -47,6 +48,10 @@ def run(cfg: TrainConfig) -> dict:
   """
   cpu = resolve_kind(cfg.strategy, cfg.tpu) == "cpu"
   config_lib.validate(cfg, cfg.num_cpu_replicas if cpu else None)
+  if cpu:
+    # Virtual devices must exist before anything (the pre-flight reads
+    # below) starts TensorFlow's runtime.
+    configure_cpu_replicas(cfg.num_cpu_replicas)
   preflight.check_model_dir(cfg)
   if not cfg.use_synthetic_data:
     preflight.check_data_dir(cfg)

@@ -32,6 +32,7 @@ import tensorflow as tf
 from resnet_tpu import collectives
 from resnet_tpu import strategy as strategy_lib
 from resnet_tpu.distributed_batch_norm import DistributedBatchNormalization
+from tools import bench_common
 
 FLAGS = flags.FLAGS
 
@@ -157,15 +158,7 @@ def write_results(output_dir: str, summary: dict,
     json.dump({"setup": setup, "workloads": summary, **ratios}, f, indent=2)
   with open(os.path.join(output_dir, "collectives.md"), "w") as f:
     f.write(markdown_table(summary, setup))
-  summary_path = os.path.join(output_dir, "summary.json")
-  merged = {}
-  if os.path.exists(summary_path):
-    with open(summary_path) as f:
-      merged = json.load(f)
-  merged.update(ratios)
-  with open(summary_path + ".tmp", "w") as f:
-    json.dump(merged, f, indent=2, sort_keys=True)
-  os.replace(summary_path + ".tmp", summary_path)
+  bench_common.merge_summary(output_dir, ratios)
   return ratios
 
 
