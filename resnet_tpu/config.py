@@ -20,6 +20,7 @@ from resnet_tpu.schedules import SCHEDULES
 PRECISIONS = ("float32", "bfloat16")
 STRATEGIES = ("auto", "tpu", "gpu", "cpu", "multi_worker")
 BN_STATS = ("moving_average", "recompute")
+INPUT_DTYPES = ("uint8", "compute")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +86,7 @@ class TrainConfig:
   fused_decode_crop: bool = True
   prefetch: bool = True
   deterministic_input: bool = False
+  input_dtype: str = "uint8"
   # Export.
   export_dir: str = ""
 
@@ -114,6 +116,11 @@ class TrainConfig:
   def compute_dtype(self) -> str:
     return "bfloat16" if self.precision == "bfloat16" else "float32"
 
+  @property
+  def transfer_dtype(self) -> str:
+    """dtype of the image batches the input pipeline hands the replicas."""
+    return "uint8" if self.input_dtype == "uint8" else self.compute_dtype
+
 
 def _check(ok: bool, message: str) -> None:
   if not ok:
@@ -137,6 +144,9 @@ def validate(cfg: TrainConfig, num_replicas: int | None = None) -> None:
          f"got {cfg.num_classes}.")
   _check(cfg.precision in PRECISIONS,
          f"--precision must be one of {PRECISIONS}, got {cfg.precision!r}.")
+  _check(cfg.input_dtype in INPUT_DTYPES,
+         f"--input_dtype must be one of {INPUT_DTYPES}, got "
+         f"{cfg.input_dtype!r}.")
   _check(cfg.strategy in STRATEGIES,
          f"--strategy must be one of {STRATEGIES}, got {cfg.strategy!r}.")
   _check(cfg.num_cpu_replicas >= 1, "--num_cpu_replicas must be >= 1.")

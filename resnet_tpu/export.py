@@ -140,8 +140,8 @@ class ServingModule(tf.Module):
     size = self._size
     images = tf.map_fn(
         lambda b: preprocessing.preprocess_for_eval(b, size), image_bytes,
-        fn_output_signature=tf.TensorSpec([size, size, 3], tf.float32))
-    return self._outputs(images)
+        fn_output_signature=tf.TensorSpec([size, size, 3], tf.uint8))
+    return self._outputs(tf.cast(images, tf.float32))
 
   def serving_signatures(self) -> dict:
     """serving_default (float32), serve_uint8 and serve_jpeg."""

@@ -10,6 +10,7 @@ from absl import flags
 from resnet_tpu.collectives import BN_ALL_REDUCE
 from resnet_tpu.collectives import GRADIENT_ALL_REDUCE
 from resnet_tpu.config import BN_STATS
+from resnet_tpu.config import INPUT_DTYPES
 from resnet_tpu.config import PRECISIONS
 from resnet_tpu.config import STRATEGIES
 from resnet_tpu.config import TrainConfig
@@ -96,11 +97,16 @@ HELP = {
     "fused_decode_crop": "Decode only the crop window of each JPEG.",
     "prefetch": "Prefetch batches to overlap input and training.",
     "deterministic_input": "Deterministic input order (slower).",
+    "input_dtype": "Image batches handed to the replicas: uint8 (a quarter "
+                   "of float32's host work and host-to-device bytes; the "
+                   "model casts on the device) or compute (cast to the "
+                   "--precision compute dtype on the host).",
     "export_dir": "Write a serving SavedModel of the final checkpoint "
                   "here (tools/export_savedmodel.py); empty = no export.",
 }
 
 _ENUMS = {"bn_stats": BN_STATS, "precision": PRECISIONS,
+          "input_dtype": INPUT_DTYPES,
           "bn_all_reduce": BN_ALL_REDUCE,
           "gradient_all_reduce": GRADIENT_ALL_REDUCE,
           "strategy": STRATEGIES,

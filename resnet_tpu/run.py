@@ -22,7 +22,7 @@ def input_config(cfg: TrainConfig) -> input_pipeline.InputConfig:
   """The input-pipeline options of `cfg`."""
   return input_pipeline.InputConfig(
       data_dir=cfg.data_dir, image_size=cfg.image_size,
-      label_offset=cfg.label_offset, dtype=cfg.compute_dtype,
+      label_offset=cfg.label_offset, dtype=cfg.transfer_dtype,
       cache_dataset=cfg.cache_dataset,
       shuffle_buffer_size=cfg.shuffle_buffer_size,
       private_threadpool_size=cfg.private_threadpool_size,
@@ -75,7 +75,7 @@ def train(cfg: TrainConfig, trainer: Trainer) -> dict:
   if cfg.use_synthetic_data:
     train_fn = input_pipeline.synthetic_dataset_fn(
         cfg.image_size, cfg.num_classes, cfg.global_batch_size,
-        cfg.compute_dtype)
+        cfg.transfer_dtype)
     # One constant batch: a resumed run needs no skipping.
     return trainer.fit(train_fn, resume_dataset_fn=lambda _: train_fn)
   inputs = input_config(cfg)

@@ -84,16 +84,28 @@ def test_every_record_seen_once_per_epoch_across_pipelines(
     assert all(sorted(epoch) == sorted(shard) for epoch in epochs)
 
 
-def test_train_batches_are_per_replica_raw_pixels_in_the_compute_dtype(
-    tmp_path):
+@pytest.mark.parametrize("dtype", ["uint8", "float32", "bfloat16"])
+def test_train_batches_are_per_replica_raw_pixels_in_the_transfer_dtype(
+    tmp_path, dtype):
   write_split(tmp_path, "train", 16, 2)
-  cfg = ip.InputConfig(data_dir=str(tmp_path), image_size=SIZE,
-                       dtype="bfloat16")
+  cfg = ip.InputConfig(data_dir=str(tmp_path), image_size=SIZE, dtype=dtype,
+                       seed=5, deterministic=True)
   dataset = ip.train_dataset_fn(cfg, global_batch_size=8)(context(1, 0, 2))
   images, labels = next(iter(dataset))
-  assert images.shape == (4, SIZE, SIZE, 3) and images.dtype == tf.bfloat16
+  assert images.shape == (4, SIZE, SIZE, 3) and images.dtype == dtype
   assert labels.shape == (4,) and labels.dtype == tf.int32
   assert float(tf.reduce_max(tf.cast(images, tf.float32))) > 1.0
+  # Host-side casts change the dtype, not the (integer) pixel values.
+  uint8_cfg = ip.InputConfig(data_dir=str(tmp_path), image_size=SIZE,
+                             seed=5, deterministic=True)
+  uint8_images, _ = next(iter(ip.train_dataset_fn(uint8_cfg, 8)(
+      context(1, 0, 2))))
+  np.testing.assert_array_equal(tf.cast(images, tf.float32).numpy(),
+                                tf.cast(uint8_images, tf.float32).numpy())
+
+
+def test_default_transfer_dtype_is_uint8(tmp_path):
+  assert ip.InputConfig(data_dir=str(tmp_path)).dtype == "uint8"
 
 
 @pytest.mark.parametrize("label_offset", [1, 0])

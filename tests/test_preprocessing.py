@@ -45,7 +45,7 @@ def test_seeded_train_preprocessing_is_the_same_with_fused_or_full_decode():
   for i in range(10):
     fused = preprocessing.preprocess_for_train(jpeg, 32, True, seed(i))
     unfused = preprocessing.preprocess_for_train(jpeg, 32, False, seed(i))
-    difference = np.abs(fused.numpy() - unfused.numpy())
+    difference = np.abs(fused.numpy().astype(int) - unfused.numpy())
     assert difference.mean() < 0.5 and difference.max() <= EDGE_TOLERANCE
 
 
@@ -88,16 +88,28 @@ def test_eval_preprocessing_is_the_resized_center_crop_of_the_decoded_image():
   y, x = (HEIGHT - crop + 1) // 2, (WIDTH - crop + 1) // 2
   decoded = tf.io.decode_jpeg(jpeg, channels=3)[y:y + crop, x:x + crop]
   expected = tf.image.resize(decoded, [32, 32]).numpy()
-  assert image.shape == (32, 32, 3) and image.dtype == np.float32
+  assert image.shape == (32, 32, 3) and image.dtype == np.uint8
   assert np.abs(image - expected).mean() < 0.5
 
 
 @pytest.mark.parametrize("fused", [True, False])
-def test_train_output_is_float32_raw_pixels_of_the_requested_size(fused):
+def test_train_output_is_uint8_raw_pixels_of_the_requested_size(fused):
   image = preprocessing.preprocess_for_train(textured_jpeg(), 24, fused)
   image = image.numpy()
-  assert image.shape == (24, 24, 3) and image.dtype == np.float32
-  assert 0.0 <= image.min() and 1.0 < image.max() <= 255.0
+  assert image.shape == (24, 24, 3) and image.dtype == np.uint8
+  assert 1 < image.max()
+
+
+def test_resize_rounds_the_bilinear_sample_to_the_nearest_level():
+  rng = np.random.default_rng(3)
+  crop = rng.integers(0, 256, (37, 51, 3)).astype(np.uint8)
+  crop[0, 0] = crop[-1, -1] = 255  # saturated pixels must not wrap to 0
+  resized = preprocessing.resize(tf.constant(crop), 24).numpy()
+  expected = np.floor(tf.image.resize(crop, [24, 24]).numpy() + 0.5)
+  np.testing.assert_array_equal(resized, expected.astype(np.uint8))
+  white = preprocessing.resize(tf.fill([9, 13, 3], tf.constant(255, tf.uint8)),
+                               5).numpy()
+  assert (white == 255).all()
 
 
 def test_seeded_train_preprocessing_is_a_pure_function_of_the_seed():
@@ -118,3 +130,15 @@ def test_random_flip_mirrors_about_half_of_the_images():
     out = preprocessing.preprocess_for_train(jpeg, 8, True, seed(i)).numpy()
     sides.append(np.sign(out[:, 0].mean() - out[:, -1].mean()))
   assert sides.count(-1) >= 10 and sides.count(1) >= 10
+
+
+def test_random_flip_is_an_exact_mirror_or_the_identity():
+  image = tf.constant(np.random.default_rng(4).integers(
+      0, 256, (6, 7, 3)).astype(np.uint8))
+  outcomes = set()
+  for i in range(20):
+    out = preprocessing.random_flip(image, seed(i)).numpy()
+    mirrored = np.array_equal(out, image.numpy()[:, ::-1])
+    assert mirrored or np.array_equal(out, image.numpy())
+    outcomes.add(mirrored)
+  assert outcomes == {True, False}
