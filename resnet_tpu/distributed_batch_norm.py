@@ -5,7 +5,8 @@ or fewer images per TPU core), so each replica's batch statistics are noisy.
 Distributed BN computes mean and variance over a *group* of `group_size`
 replicas: each replica contributes its per-channel sums, one group all-reduce
 combines them in float32, and every replica of the group normalises with the
-same statistics. group_size 1 is ordinary local BN; group_size equal to the
+same statistics. group_size 1 is ordinary local BN, run as one fused kernel
+(FusedBatchNormV3; on TPU XLA fuses either form); group_size equal to the
 replica count is fully synchronised BN. Gradients flow through the all-reduce.
 
 Inference mode uses the moving statistics only, so an exported model holds no
@@ -74,6 +75,51 @@ class DistributedBatchNormalization(keras.layers.BatchNormalization):
     del axes[self.axis]
     self._reduction_axes = axes
     self.built = True
+
+  def call(self, inputs, training=None, mask=None):
+    if training and self.trainable and self._fusable(inputs, mask):
+      return self._fused_local_call(inputs)
+    return super().call(inputs, training=training, mask=mask)
+
+  def _fusable(self, inputs, mask) -> bool:
+    """Whether this training call can be one local FusedBatchNormV3.
+
+    Only group_size 1 (the statistics need no collective before the
+    normalisation), NHWC, static per-channel count > 1, no mask and no
+    bn_recompute sink; everything else takes the sums + all-reduce path.
+    """
+    shape = inputs.shape
+    return (self.group_size == 1 and mask is None and shape.rank == 4
+            and self.axis in (-1, 3) and self.scale and self.center
+            and id(self) not in _statistics_sinks
+            and shape[:-1].is_fully_defined()
+            and shape[:-1].num_elements() > 1)
+
+  def _fused_local_call(self, inputs):
+    """Local BN as one fused kernel (and one fused gradient kernel).
+
+    Same result as the Keras path in float32 statistics: the kernel takes
+    bfloat16/float16 inputs directly, normalises with the biased batch
+    variance and returns the Bessel-corrected one, which we undo so the
+    moving variance follows Keras's (biased) update.
+    """
+    x = inputs
+    if x.dtype not in (tf.float32, tf.bfloat16, tf.float16):
+      x = tf.cast(x, tf.float32)
+    no_statistics = tf.constant([], tf.float32)
+    y, mean, corrected_variance, _, _, _ = tf.raw_ops.FusedBatchNormV3(
+        x=x, scale=tf.cast(self.gamma, tf.float32),
+        offset=tf.cast(self.beta, tf.float32), mean=no_statistics,
+        variance=no_statistics, epsilon=self.epsilon,
+        exponential_avg_factor=1.0, data_format="NHWC", is_training=True)
+    count = inputs.shape[:-1].num_elements()
+    variance = corrected_variance * ((count - 1) / count)
+    self.moving_mean.assign(self.moving_mean * self.momentum +
+                            tf.stop_gradient(mean) * (1.0 - self.momentum))
+    self.moving_variance.assign(
+        self.moving_variance * self.momentum +
+        tf.stop_gradient(variance) * (1.0 - self.momentum))
+    return tf.cast(y, self.compute_dtype)
 
   def _moments(self, inputs, mask):
     if mask is not None:

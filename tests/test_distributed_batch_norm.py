@@ -119,3 +119,54 @@ def test_inference_uses_moving_statistics_without_collectives():
 def test_group_size_must_be_positive():
   with pytest.raises(ValueError, match="group_size"):
     DistributedBatchNormalization(group_size=0)
+
+
+def _graph_ops(layer, spec):
+  fn = tf.function(lambda v: layer(v, training=True))
+  return {op.type for op in fn.get_concrete_function(spec).graph
+          .get_operations()}
+
+
+@pytest.mark.parametrize("policy,tolerance", [("float32", 1e-5),
+                                              ("mixed_bfloat16", 2e-2)])
+def test_local_bn_runs_fused_and_equals_keras_bn(policy, tolerance):
+  x, w, gamma, beta = _data()
+  previous = keras.mixed_precision.global_policy()
+  keras.mixed_precision.set_global_policy(policy)
+  try:
+    layers = [DistributedBatchNormalization(group_size=1, momentum=MOMENTUM),
+              keras.layers.BatchNormalization(momentum=MOMENTUM)]
+    results = []
+    for bn in layers:
+      bn.build((None,) + SHAPE)
+      bn.gamma.assign(gamma)
+      bn.beta.assign(beta)
+      xs = tf.cast(tf.constant(x), bn.compute_dtype)
+      with tf.GradientTape() as tape:
+        tape.watch(xs)
+        y = bn(xs, training=True)
+        loss = tf.reduce_sum(tf.cast(y, tf.float32) * w)
+      grads = tape.gradient(loss, [xs, bn.gamma, bn.beta])
+      results.append([tf.cast(t, tf.float32).numpy() for t in
+                      [y, *grads, bn.moving_mean, bn.moving_variance]])
+    assert "FusedBatchNormV3" in _graph_ops(
+        layers[0], tf.TensorSpec(x.shape, layers[0].compute_dtype))
+  finally:
+    keras.mixed_precision.set_global_policy(previous)
+  names = ("outputs", "input gradients", "gamma gradient", "beta gradient",
+           "moving mean", "moving variance")
+  for name, got, want in zip(names, *results):
+    np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance,
+                               err_msg=name)
+  # Moving statistics are float32 from the same inputs: tight in both.
+  np.testing.assert_allclose(results[0][4:], results[1][4:], rtol=1e-5,
+                             atol=1e-6)
+
+
+def test_bn_takes_the_sums_path_when_it_cannot_fuse():
+  bn = DistributedBatchNormalization(group_size=1)
+  bn.build((None,) + SHAPE)
+  assert "FusedBatchNormV3" in _graph_ops(bn, tf.TensorSpec((2,) + SHAPE))
+  # Unknown batch size: the per-channel count is not static.
+  assert "FusedBatchNormV3" not in _graph_ops(
+      bn, tf.TensorSpec((None,) + SHAPE))
