@@ -87,6 +87,8 @@ class TrainConfig:
   prefetch: bool = True
   deterministic_input: bool = False
   input_dtype: str = "uint8"
+  # Host.
+  keep_host_memory: bool = True
   # Export.
   export_dir: str = ""
 

@@ -98,9 +98,13 @@ HELP = {
     "prefetch": "Prefetch batches to overlap input and training.",
     "deterministic_input": "Deterministic input order (slower).",
     "input_dtype": "Image batches handed to the replicas: uint8 (a quarter "
-                   "of float32's host work and host-to-device bytes; the "
-                   "model casts on the device) or compute (cast to the "
-                   "--precision compute dtype on the host).",
+                   "of float32's bytes to batch on the host and to move to "
+                   "the device; the model casts on the device) or compute "
+                   "(cast to the --precision compute dtype on the host).",
+    "keep_host_memory": "Keep freed host memory mapped (glibc mallopt: 32 MB "
+                        "mmap threshold, 512 MB top pad) so CPU training "
+                        "steps do not page-fault their buffers in every "
+                        "step (resnet_tpu/host_memory.py).",
     "export_dir": "Write a serving SavedModel of the final checkpoint "
                   "here (tools/export_savedmodel.py); empty = no export.",
 }

@@ -9,6 +9,7 @@ import tensorflow as tf
 from resnet_tpu import collectives
 from resnet_tpu import config as config_lib
 from resnet_tpu import export
+from resnet_tpu import host_memory
 from resnet_tpu import input_pipeline
 from resnet_tpu import preflight
 from resnet_tpu.config import TrainConfig
@@ -48,6 +49,8 @@ def run(cfg: TrainConfig) -> dict:
   """
   cpu = resolve_kind(cfg.strategy, cfg.tpu) == "cpu"
   config_lib.validate(cfg, cfg.num_cpu_replicas if cpu else None)
+  if cfg.keep_host_memory:
+    host_memory.keep_freed_memory()
   if cpu:
     # Virtual devices must exist before anything (the pre-flight reads
     # below) starts TensorFlow's runtime.

@@ -46,3 +46,12 @@ def test_report_holds_every_table(results):
                   "Model FLOP utilisation", "Host loop",
                   "Distributed BN: group size"):
     assert heading in text
+
+
+def test_profile_step_runs_a_workload_in_a_loop():
+  result = subprocess.run(
+      [sys.executable, "-m", "tools.profile_step", "--workload=matmul",
+       "--precision=float32", "--matmul_size=64", "--seconds=0.2"],
+      cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "matmul float32:" in result.stdout

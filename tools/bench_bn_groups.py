@@ -13,6 +13,7 @@ from absl import logging
 import keras
 import tensorflow as tf
 
+from resnet_tpu import host_memory
 from resnet_tpu import input_pipeline
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.distributed_batch_norm import DistributedBatchNormalization
@@ -83,6 +84,7 @@ def main(argv: list[str]) -> None:
   if FLAGS.tiny:
     setup.update(image_size=32, per_replica=1, steps=1, repetitions=1,
                  smoke_net=True)
+  host_memory.keep_freed_memory()  # as run.py does for every training run
   strategy = tf.distribute.MirroredStrategy(configure_cpu_replicas(REPLICAS))
   timers = {f"bn_group_size={g}": step_timer(
       strategy, g, setup["depth"], setup["image_size"], setup["per_replica"],

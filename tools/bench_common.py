@@ -39,16 +39,24 @@ def seconds_per_call(fn: Callable[[], object], calls: int) -> float:
   return (time.perf_counter() - start) / calls
 
 
+# CPU features that decide the speed of float32/bfloat16 kernels on x86.
+CPU_FEATURES = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16")
+
+
 def machine() -> dict:
-  """Cores, CPU model and TF version, for the report header."""
-  model = platform.processor() or platform.machine()
+  """Cores, CPU model, vector/bf16 features and TF version, for the report."""
+  model, flags = platform.processor() or platform.machine(), set()
   try:
     with open("/proc/cpuinfo") as f:
-      model = next(line.split(":", 1)[1].strip() for line in f
-                   if line.startswith("model name"))
+      lines = f.read().splitlines()
+    model = next(line.split(":", 1)[1].strip() for line in lines
+                 if line.startswith("model name"))
+    flags = set(next(line.split(":", 1)[1].split() for line in lines
+                     if line.startswith("flags")))
   except (OSError, StopIteration):
     pass
   return {"cores": os.cpu_count(), "cpu": model,
+          "cpu_features": {name: name in flags for name in CPU_FEATURES},
           "tensorflow": tf.__version__,
           "date": time.strftime("%Y-%m-%d")}
 

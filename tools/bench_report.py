@@ -13,25 +13,47 @@ from tools import bench_common
 PARTS = ("train.md", "bn_groups.md", "collectives.md", "input.md",
          "allreduce_sim.md")
 RERUN = "make bench"
+# The targets of the benchmark issue: key -> (comparison, bound).
+TARGETS = {
+    "ours_vs_keras_fp32": (">=", 1.00),
+    "ours_vs_keras_bf16": (">=", 1.00),
+    "mfu_bf16": (">=", 0.30),
+    "bn_group4_vs_group1": ("<=", 1.10),
+    "input_full_vs_decode_ceiling": (">=", 0.85),
+    "input_fused_vs_full_decode": (">=", 1.20),
+}
+
+
+def target_cell(key: str, value: float) -> tuple[str, str]:
+  """('>= 1.00', 'yes'/'NO') for a key with a target, else ('', '')."""
+  if key not in TARGETS:
+    return "", ""
+  comparison, bound = TARGETS[key]
+  met = value >= bound if comparison == ">=" else value <= bound
+  return f"{comparison} {bound:.2f}", "yes" if met else "**NO**"
 
 
 def report(output_dir: str) -> str:
   with open(os.path.join(output_dir, "summary.json")) as f:
     summary = json.load(f)
   m = bench_common.machine()
+  features = ", ".join(f"{name} {'yes' if present else 'no'}"
+                       for name, present in m["cpu_features"].items())
   lines = [
       "# resnet-tpu benchmark report",
       "",
-      f"Measured {m['date']} on {m['cores']} cores of {m['cpu']}, "
-      f"TensorFlow {m['tensorflow']}. Rerun: `{RERUN}`. Every ratio compares "
-      "variants measured alternately in the same run.",
+      f"Measured {m['date']} on {m['cores']} cores of {m['cpu']} "
+      f"({features}), TensorFlow {m['tensorflow']}. Rerun: `{RERUN}`. Every "
+      "ratio compares variants measured alternately in the same run.",
       "",
       "## Headline ratios (bench_results/summary.json)",
       "",
-      "| key | value |",
-      "|---|---:|",
+      "| key | value | target | met |",
+      "|---|---:|---:|:---:|",
   ]
-  lines += [f"| `{k}` | {v:.3f} |" for k, v in sorted(summary.items())]
+  for key, value in sorted(summary.items()):
+    target, met = target_cell(key, value)
+    lines.append(f"| `{key}` | {value:.3f} | {target} | {met} |")
   for part in PARTS:
     path = os.path.join(output_dir, part)
     if os.path.exists(path):

@@ -1,0 +1,69 @@
+"""Runs one benchmark workload in a loop, for a CPU profiler to sample.
+
+The workloads are those of tools/bench_train.py: a training step of our
+ResNet-50 or keras.applications.ResNet50 (1 replica, synthetic data), or the
+peak matmul, in float32 or bfloat16. Nothing is timed against anything here;
+this is the program to put under `perf` when a ratio of `make bench` needs
+explaining:
+
+  perf record -g -o /tmp/step.perf -- \
+      python -m tools.profile_step --workload=ours --precision=bfloat16
+  perf report -i /tmp/step.perf --no-children --sort dso,symbol
+
+Tracing and one warm-up step run before the loop; the loop runs --seconds.
+"""
+import tempfile
+import time
+
+from absl import app
+from absl import flags
+from absl import logging
+
+from resnet_tpu import host_memory
+from tools import bench_train
+
+FLAGS = flags.FLAGS
+WORKLOADS = ("ours", "keras", "matmul")
+
+
+def workload(name: str, precision: str, image_size: int, batch: int,
+             matmul_size: int, tmp: str):
+  """A warmed-up callable running one step (or matmul) of `name`."""
+  if name == "matmul":
+    return bench_train.matmul_flops_per_second(precision, matmul_size)
+  cfg = bench_train._config(precision, image_size, batch, 50, tmp)  # pylint: disable=protected-access
+  model_fn = bench_train.keras_resnet50 if name == "keras" else None
+  _, seconds = bench_train._step_timer(cfg, model_fn, 1)  # pylint: disable=protected-access
+  return seconds
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  if FLAGS.keep_host_memory:
+    host_memory.keep_freed_memory()
+  with tempfile.TemporaryDirectory() as tmp:
+    run = workload(FLAGS.workload, FLAGS.precision, FLAGS.image_size,
+                   FLAGS.batch_size, FLAGS.matmul_size, tmp)
+    logging.info("profiling window starts: %s %s for %.0f s", FLAGS.workload,
+                 FLAGS.precision, FLAGS.seconds)
+    start, calls = time.perf_counter(), 0
+    while time.perf_counter() - start < FLAGS.seconds:
+      run()
+      calls += 1
+    elapsed = time.perf_counter() - start
+  print(f"{FLAGS.workload} {FLAGS.precision}: {calls} calls in "
+        f"{elapsed:.1f} s")
+
+
+if __name__ == "__main__":
+  flags.DEFINE_enum("workload", "ours", WORKLOADS, "What to run in a loop.")
+  flags.DEFINE_enum("precision", "bfloat16", ("float32", "bfloat16"),
+                    "dtype of the workload.")
+  flags.DEFINE_integer("image_size", 224, "Image side.")
+  flags.DEFINE_integer("batch_size", 4, "Global batch (1 replica).")
+  flags.DEFINE_integer("matmul_size", 2048, "Side of the matmul workload.")
+  flags.DEFINE_float("seconds", 60.0, "Length of the profiled loop.")
+  flags.DEFINE_bool("keep_host_memory", True,
+                    "As run.py: resnet_tpu/host_memory.py's allocator "
+                    "settings.")
+  app.run(main)
