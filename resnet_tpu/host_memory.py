@@ -40,7 +40,7 @@ def keep_freed_memory(mmap_threshold_bytes: int = MMAP_THRESHOLD_BYTES,
   libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
   accepted = (libc.mallopt(M_MMAP_THRESHOLD, mmap_threshold_bytes) == 1 and
               libc.mallopt(M_TOP_PAD, top_pad_bytes) == 1)
-  logging.info("host memory: mmap threshold %d MB, top pad %d MB (%s)",
-               mmap_threshold_bytes >> 20, top_pad_bytes >> 20,
+  logging.info("host memory: mmap threshold %d KB, top pad %d KB (%s)",
+               mmap_threshold_bytes >> 10, top_pad_bytes >> 10,
                "set" if accepted else "REJECTED by mallopt")
   return accepted
