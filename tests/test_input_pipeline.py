@@ -227,7 +227,9 @@ def test_bench_input_tiny_writes_the_ablation_and_merges_summary(tmp_path):
   assert summary["input_full_vs_decode_ceiling"] > 0
   assert summary["input_fused_vs_full_decode"] > 0
   result = json.loads((tmp_path / "input.json").read_text())
-  assert len(result["variants"]) == 6
+  # Five ablation steps, the float32-batches row and the decode ceiling.
+  assert len(result["variants"]) == 7
+  assert any("float32 batches" in name for name in result["variants"])
   assert all(v["median"] > 0 and v["cpu_ms_per_image"] > 0
              for v in result["variants"].values())
   assert "| + fused decode-and-crop |" in (tmp_path / "input.md").read_text()
