@@ -49,8 +49,6 @@ def run(cfg: TrainConfig) -> dict:
   """
   cpu = resolve_kind(cfg.strategy, cfg.tpu) == "cpu"
   config_lib.validate(cfg, cfg.num_cpu_replicas if cpu else None)
-  if cfg.keep_host_memory:
-    host_memory.keep_freed_memory()
   if cpu:
     # Virtual devices must exist before anything (the pre-flight reads
     # below) starts TensorFlow's runtime.
@@ -63,6 +61,8 @@ def run(cfg: TrainConfig) -> dict:
   strategy = create_strategy(cfg.strategy, cfg.tpu, cfg.num_cpu_replicas,
                              bn_group_size=cfg.bn_group_size,
                              log_topology=cfg.log_topology)
+  if cfg.keep_host_memory:  # after the runtime's devices are set up
+    host_memory.keep_freed_memory()
   config_lib.validate_replicas(cfg, strategy.num_replicas_in_sync)
   trainer = Trainer(cfg, strategy)
   if trainer.chief:
