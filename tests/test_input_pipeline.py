@@ -233,3 +233,5 @@ def test_bench_input_tiny_writes_the_ablation_and_merges_summary(tmp_path):
   assert all(v["median"] > 0 and v["cpu_ms_per_image"] > 0
              for v in result["variants"].values())
   assert "| + fused decode-and-crop |" in (tmp_path / "input.md").read_text()
+  assert len(result["resize_kernels"]) == 2
+  assert all(k["median"] > 0 for k in result["resize_kernels"].values())

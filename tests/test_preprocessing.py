@@ -101,12 +101,15 @@ def test_train_output_is_uint8_raw_pixels_of_the_requested_size(fused):
 
 
 def test_resize_rounds_the_bilinear_sample_to_the_nearest_level():
+  # The reference is TensorFlow's uint8 kernel; ours casts to float32 first.
   rng = np.random.default_rng(3)
-  crop = rng.integers(0, 256, (37, 51, 3)).astype(np.uint8)
-  crop[0, 0] = crop[-1, -1] = 255  # saturated pixels must not wrap to 0
-  resized = preprocessing.resize(tf.constant(crop), 24).numpy()
-  expected = np.floor(tf.image.resize(crop, [24, 24]).numpy() + 0.5)
-  np.testing.assert_array_equal(resized, expected.astype(np.uint8))
+  for shape, size in [((37, 51, 3), 24), ((150, 300, 3), 224),
+                      ((375, 500, 3), 64)]:
+    crop = rng.integers(0, 256, shape).astype(np.uint8)
+    crop[0, 0] = crop[-1, -1] = 255  # saturated pixels must not wrap to 0
+    resized = preprocessing.resize(tf.constant(crop), size).numpy()
+    expected = np.floor(tf.image.resize(crop, [size, size]).numpy() + 0.5)
+    np.testing.assert_array_equal(resized, expected.astype(np.uint8))
   white = preprocessing.resize(tf.fill([9, 13, 3], tf.constant(255, tf.uint8)),
                                5).numpy()
   assert (white == 255).all()

@@ -32,7 +32,9 @@ import numpy as np
 import tensorflow as tf
 
 from data import build_tfrecords
+from resnet_tpu import host_memory
 from resnet_tpu import input_pipeline
+from resnet_tpu import preprocessing
 from tools import bench_common
 
 FLAGS = flags.FLAGS
@@ -141,6 +143,40 @@ def run_ablation(data_dir: str, jpegs: list[bytes], image_size: int,
   return runs
 
 
+def resize_kernels(image_size: int, repetitions: int,
+                   resizes_per_call: int = 50) -> dict[str, dict]:
+  """ms per bilinear resize of a 318x318 uint8 crop (about the mean training
+  crop of a 500x375 image) to image_size, rounded to uint8: TensorFlow's
+  uint8 kernel vs preprocessing.resize (float32 kernel, casts included).
+
+  Each call runs `resizes_per_call` resizes one after another inside one
+  graph, so the Python call overhead is amortised. Alternating repetitions.
+  """
+  crop = tf.constant(np.random.default_rng(0).integers(
+      0, 256, (318, 318, 3), dtype=np.uint8))
+  kernels = {
+      "uint8 kernel": lambda x: tf.cast(
+          tf.image.resize(x, [image_size, image_size]) + 0.5, tf.uint8),
+      "float32 kernel (preprocessing.resize)": lambda x: preprocessing.resize(
+          x, image_size),
+  }
+
+  def timed(kernel):
+    @tf.function
+    def loop(x):
+      checksum = tf.constant(0, tf.int32)
+      for i in tf.range(resizes_per_call):
+        out = kernel(x)
+        checksum += tf.cast(out[0, 0, 0], tf.int32)
+      return checksum
+    loop(crop).numpy()
+    return lambda: bench_common.seconds_per_call(
+        lambda: loop(crop).numpy(), 1) / resizes_per_call
+
+  timers = {name: timed(kernel) for name, kernel in kernels.items()}
+  return bench_common.summarise(bench_common.alternate(timers, repetitions))
+
+
 def summarise(runs: dict[str, list[tuple[float, float]]]) -> dict[str, dict]:
   summary = {}
   for name, measured in runs.items():
@@ -157,6 +193,18 @@ def headline_ratios(summary: dict[str, dict]) -> dict[str, float]:
       "input_full_vs_decode_ceiling": median[FULL] / median[CEILING],
       "input_fused_vs_full_decode": median[FUSED] / median[PARALLEL],
   }
+
+
+def resize_table(kernels: dict[str, dict], image_size: int) -> str:
+  base = next(iter(kernels.values()))["median"]
+  lines = [f"Bilinear resize of a 318x318 uint8 crop to {image_size} px, "
+           "rounded to uint8 (the pipeline's resize step):", "",
+           "| kernel | ms/image (min-max) | speed vs uint8 kernel |",
+           "|---|---:|---:|"]
+  for name, k in kernels.items():
+    lines.append(f"| {name} | {k['median'] * 1e3:.3f} ({k['min'] * 1e3:.3f}"
+                 f"-{k['max'] * 1e3:.3f}) | {base / k['median']:.2f}x |")
+  return "\n".join(lines) + "\n"
 
 
 def markdown_table(summary: dict[str, dict], setup: dict) -> str:
@@ -180,15 +228,17 @@ def markdown_table(summary: dict[str, dict], setup: dict) -> str:
   return "\n".join(lines) + "\n"
 
 
-def write_results(output_dir: str, summary: dict[str, dict],
-                  setup: dict) -> dict[str, float]:
+def write_results(output_dir: str, summary: dict[str, dict], setup: dict,
+                  kernels: dict[str, dict]) -> dict[str, float]:
   """Writes input.json and input.md; merges the ratios into summary.json."""
   os.makedirs(output_dir, exist_ok=True)
   ratios = headline_ratios(summary)
   with open(os.path.join(output_dir, "input.json"), "w") as f:
-    json.dump({"setup": setup, "variants": summary, **ratios}, f, indent=2)
+    json.dump({"setup": setup, "variants": summary, "resize_kernels": kernels,
+               **ratios}, f, indent=2)
   with open(os.path.join(output_dir, "input.md"), "w") as f:
-    f.write(markdown_table(summary, setup))
+    f.write(markdown_table(summary, setup) + "\n" +
+            resize_table(kernels, setup["image_size"]))
   bench_common.merge_summary(output_dir, ratios)
   return ratios
 
@@ -205,6 +255,9 @@ def define_flags() -> None:
   flags.DEFINE_float("seconds", 2.0, "Length of one timed window.")
   flags.DEFINE_integer("threads", os.cpu_count() or 1,
                        "tf.data private thread pool size of every variant.")
+  flags.DEFINE_bool("keep_host_memory", True,
+                    "Keep freed host memory mapped, as training does "
+                    "(resnet_tpu/host_memory.py).")
   flags.DEFINE_bool("tiny", False, "Smoke-test sizes (< 20 s): " + str(TINY))
 
 
@@ -216,6 +269,9 @@ def main(argv: list[str]) -> None:
                threads=FLAGS.threads)
   if FLAGS.tiny:
     setup.update(TINY)
+  if FLAGS.keep_host_memory:
+    host_memory.keep_freed_memory()  # as run.py does for every training run
+  setup["keep_host_memory"] = FLAGS.keep_host_memory
   with tempfile.TemporaryDirectory() as data_dir:
     jpegs = write_dataset(data_dir, setup["num_images"], setup["num_files"])
     setup["mean_jpeg_kb"] = sum(map(len, jpegs)) / len(jpegs) / 1e3
@@ -224,9 +280,12 @@ def main(argv: list[str]) -> None:
                         setup["batch_size"], setup["repetitions"],
                         setup["seconds"], setup["threads"])
     setup["load_average"] = [load_before, os.getloadavg()[0]]
+  kernels = resize_kernels(setup["image_size"], setup["repetitions"],
+                           2 if FLAGS.tiny else 50)
   summary = summarise(runs)
-  ratios = write_results(FLAGS.output_dir, summary, setup)
+  ratios = write_results(FLAGS.output_dir, summary, setup, kernels)
   print(markdown_table(summary, setup))
+  print(resize_table(kernels, setup["image_size"]))
   print(json.dumps(ratios, indent=2))
 
 
