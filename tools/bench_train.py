@@ -102,14 +102,17 @@ def _with_glibc_malloc(seconds) -> float:
     host_memory.keep_freed_memory()
 
 
-def bench_models(image_size: int, batch: int, steps: int, repetitions: int,
-                 matmul_size: int, tmp: str) -> dict:
-  """Ours vs Keras in float32 and bfloat16, plus the matmul peaks."""
+def bench_models(image_size: int, batch: int, steps: dict[str, int],
+                 repetitions: int, matmul_size: int, tmp: str) -> dict:
+  """Ours vs Keras in float32 and bfloat16, plus the matmul peaks.
+
+  `steps` maps each precision to the training steps per timed call.
+  """
   variants, flops = {}, {}
   for precision in ("float32", "bfloat16"):
     cfg = _config(precision, image_size, batch, 50, f"{tmp}/{precision}")
     for name, model_fn in (("ours", None), ("keras", keras_resnet50)):
-      trainer, seconds = _step_timer(cfg, model_fn, steps)
+      trainer, seconds = _step_timer(cfg, model_fn, steps[precision])
       flops[f"{name}_{precision}"] = 3 * forward_flops(trainer.model)
       variants[f"{name}_{precision}"] = (
           lambda s=seconds: batch / s())
@@ -168,8 +171,8 @@ def markdown(models: dict, host_loop: dict, result: dict,
       "",
       f"ResNet-50, {setup['image_size']} px, batch {setup['batch_size']}, "
       f"1 replica, same custom loop and optimizer (momentum SGD), "
-      f"{setup['repetitions']} alternating repetitions of "
-      f"{setup['steps']} steps.",
+      f"{setup['model_repetitions']} alternating repetitions of "
+      f"{setup['float32_steps']} float32 / {setup['steps']} bfloat16 steps.",
       "",
       "| precision | ours images/s (min-max) | Keras images/s (min-max) | "
       "ours / Keras |",
@@ -237,17 +240,20 @@ def main(argv: list[str]) -> None:
   del argv
   tf.get_logger().setLevel("WARNING")
   setup = dict(image_size=FLAGS.image_size, batch_size=FLAGS.batch_size,
-               steps=FLAGS.steps, repetitions=FLAGS.repetitions,
-               matmul_size=FLAGS.matmul_size,
+               steps=FLAGS.steps, float32_steps=FLAGS.float32_steps,
+               model_repetitions=FLAGS.model_repetitions,
+               repetitions=FLAGS.repetitions, matmul_size=FLAGS.matmul_size,
                host_loop_steps=FLAGS.host_loop_steps)
   if FLAGS.tiny:
-    setup.update(image_size=32, batch_size=2, steps=1, repetitions=1,
-                 matmul_size=256, host_loop_steps=10)
+    setup.update(image_size=32, batch_size=2, steps=1, float32_steps=1,
+                 model_repetitions=1, repetitions=1, matmul_size=256,
+                 host_loop_steps=10)
   tmp = FLAGS.scratch_dir
   host_memory.keep_freed_memory()  # as run.py does for every training run
   models = bench_models(setup["image_size"], setup["batch_size"],
-                        setup["steps"], setup["repetitions"],
-                        setup["matmul_size"], tmp)
+                        {"float32": setup["float32_steps"],
+                         "bfloat16": setup["steps"]},
+                        setup["model_repetitions"], setup["matmul_size"], tmp)
   host_loop = bench_host_loop(8, setup["host_loop_steps"],
                               setup["repetitions"], tmp)
   result = ratios(models)
@@ -270,8 +276,14 @@ if __name__ == "__main__":
                       "Scratch model_dir (nothing is saved there).")
   flags.DEFINE_integer("image_size", 224, "Image side.")
   flags.DEFINE_integer("batch_size", 4, "Global batch (1 replica).")
-  flags.DEFINE_integer("steps", 1, "Training steps per timed call.")
-  flags.DEFINE_integer("repetitions", 3, "Alternating repetitions.")
+  flags.DEFINE_integer("steps", 1,
+                       "bfloat16 training steps per timed call.")
+  flags.DEFINE_integer("float32_steps", 3,
+                       "float32 training steps per timed call.")
+  flags.DEFINE_integer("model_repetitions", 5,
+                       "Alternating repetitions of the model comparison.")
+  flags.DEFINE_integer("repetitions", 3,
+                       "Alternating repetitions of the host-loop comparison.")
   flags.DEFINE_integer("matmul_size", 2048, "Side of the peak matmul.")
   flags.DEFINE_integer("host_loop_steps", 100, "Steps per host-loop sample.")
   flags.DEFINE_bool("tiny", False, "Smoke-test sizes (seconds, not minutes).")
