@@ -1,10 +1,11 @@
 """Keep freed host memory mapped, so CPU training steps do not page-fault.
 
 A training step allocates and frees the same activation and gradient buffers
-every step. glibc serves blocks above its mmap threshold (dynamic, up to
-32 MB) with fresh mmaps and trims the heap top above M_TRIM_THRESHOLD, which
-tf.data lowers to 128 KB; every step then faults its buffers in again, page
-by page, and the kernel zeroes each page. `perf` on a float32 ResNet-50 step
+every step. glibc serves blocks above its mmap threshold with fresh mmaps
+and trims the heap top above M_TRIM_THRESHOLD; tf.data fixes the mmap
+threshold at 128 KB (below), which also stops both thresholds from growing,
+so every step faults its buffers in again, page by page, and the kernel
+zeroes each page. `perf` on a float32 ResNet-50 step
 (tools/profile_step.py) showed about a third of the cycles in the kernel's
 page-fault path (exc_page_fault, clear_page_erms).
 
@@ -35,8 +36,8 @@ M_TOP_PAD = -2
 M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD_BYTES = 32 << 20  # glibc's largest dynamic threshold
 TOP_PAD_BYTES = 512 << 20
-# glibc's settings once tf.data has set M_TRIM_THRESHOLD (which freezes the
-# mmap threshold at its 128 KB default; the top pad default is 128 KB).
+# glibc's settings once tf.data has set M_MMAP_THRESHOLD to 128 KB (the top
+# pad default is 128 KB).
 GLIBC_AFTER_TF_DATA = (128 << 10, 128 << 10)
 
 

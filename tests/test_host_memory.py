@@ -5,9 +5,10 @@ import sys
 
 import pytest
 
-# Sets M_TRIM_THRESHOLD to 128 KB as tf.data does (which also freezes glibc's
-# mmap threshold at 128 KB), then allocates, frees and re-allocates a 16 MB
-# buffer five times and prints the minor page faults of the last four rounds.
+# Sets M_TRIM_THRESHOLD to 128 KB, which fixes glibc's mmap threshold at its
+# 128 KB default as tf.data leaves it, then allocates, frees and re-allocates
+# a 16 MB buffer five times and prints the minor page faults of the last four
+# rounds.
 _PROBE = """
 import ctypes, resource, sys
 libc = ctypes.CDLL("libc.so.6")
