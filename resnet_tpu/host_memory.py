@@ -27,6 +27,7 @@ so TensorFlow's setting is spent and ours comes last.
 """
 import ctypes
 import ctypes.util
+import functools
 import platform
 
 from absl import logging
@@ -61,6 +62,7 @@ def keep_freed_memory(mmap_threshold_bytes: int = MMAP_THRESHOLD_BYTES,
   return accepted
 
 
+@functools.cache  # TensorFlow's patch runs once per process; so does this
 def _spend_tf_data_malloc_patch() -> None:
   """Builds one tf.data generator dataset, so that TensorFlow's once-per-
   process mallopt (in the GeneratorDataset kernel) runs now, not later."""

@@ -172,7 +172,8 @@ def markdown(models: dict, host_loop: dict, result: dict,
       f"ResNet-50, {setup['image_size']} px, batch {setup['batch_size']}, "
       f"1 replica, same custom loop and optimizer (momentum SGD), "
       f"{setup['model_repetitions']} alternating repetitions of "
-      f"{setup['float32_steps']} float32 / {setup['steps']} bfloat16 steps.",
+      f"{setup['float32_steps']} float32 / {setup['bfloat16_steps']} "
+      "bfloat16 steps.",
       "",
       "| precision | ours images/s (min-max) | Keras images/s (min-max) | "
       "ours / Keras |",
@@ -240,19 +241,20 @@ def main(argv: list[str]) -> None:
   del argv
   tf.get_logger().setLevel("WARNING")
   setup = dict(image_size=FLAGS.image_size, batch_size=FLAGS.batch_size,
-               steps=FLAGS.steps, float32_steps=FLAGS.float32_steps,
+               float32_steps=FLAGS.float32_steps,
+               bfloat16_steps=FLAGS.bfloat16_steps,
                model_repetitions=FLAGS.model_repetitions,
                repetitions=FLAGS.repetitions, matmul_size=FLAGS.matmul_size,
                host_loop_steps=FLAGS.host_loop_steps)
   if FLAGS.tiny:
-    setup.update(image_size=32, batch_size=2, steps=1, float32_steps=1,
-                 model_repetitions=1, repetitions=1, matmul_size=256,
-                 host_loop_steps=10)
+    setup.update(image_size=32, batch_size=2, float32_steps=1,
+                 bfloat16_steps=1, model_repetitions=1, repetitions=1,
+                 matmul_size=256, host_loop_steps=10)
   tmp = FLAGS.scratch_dir
   host_memory.keep_freed_memory()  # as run.py does for every training run
   models = bench_models(setup["image_size"], setup["batch_size"],
                         {"float32": setup["float32_steps"],
-                         "bfloat16": setup["steps"]},
+                         "bfloat16": setup["bfloat16_steps"]},
                         setup["model_repetitions"], setup["matmul_size"], tmp)
   host_loop = bench_host_loop(8, setup["host_loop_steps"],
                               setup["repetitions"], tmp)
@@ -276,10 +278,10 @@ if __name__ == "__main__":
                       "Scratch model_dir (nothing is saved there).")
   flags.DEFINE_integer("image_size", 224, "Image side.")
   flags.DEFINE_integer("batch_size", 4, "Global batch (1 replica).")
-  flags.DEFINE_integer("steps", 1,
-                       "bfloat16 training steps per timed call.")
   flags.DEFINE_integer("float32_steps", 3,
                        "float32 training steps per timed call.")
+  flags.DEFINE_integer("bfloat16_steps", 1,
+                       "bfloat16 training steps per timed call.")
   flags.DEFINE_integer("model_repetitions", 5,
                        "Alternating repetitions of the model comparison.")
   flags.DEFINE_integer("repetitions", 3,
