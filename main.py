@@ -7,6 +7,7 @@ same command to resume), 43 another worker was lost (restart all workers),
 """
 import sys
 
+import resnet_tpu  # noqa: F401  (before TensorFlow: resnet_tpu/cpu_kernels.py)
 from absl import app
 from absl import flags
 from absl import logging

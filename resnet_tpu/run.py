@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from resnet_tpu import collectives
 from resnet_tpu import config as config_lib
+from resnet_tpu import cpu_kernels
 from resnet_tpu import export
 from resnet_tpu import host_memory
 from resnet_tpu import input_pipeline
@@ -63,6 +64,10 @@ def run(cfg: TrainConfig) -> dict:
                              log_topology=cfg.log_topology)
   if cfg.keep_host_memory:  # after the runtime's devices are set up
     host_memory.keep_freed_memory()
+  logging.info("TensorFlow's oneDNN CPU kernels: %s (%s=0/1 chooses; "
+               "resnet_tpu/cpu_kernels.py)",
+               "on" if cpu_kernels.onednn_enabled() else "off",
+               cpu_kernels.ONEDNN_ENV)
   config_lib.validate_replicas(cfg, strategy.num_replicas_in_sync)
   trainer = Trainer(cfg, strategy)
   if trainer.chief:

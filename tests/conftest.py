@@ -7,6 +7,8 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+# Before TensorFlow loads, as in main.py: the CPU kernels users run.
+import resnet_tpu  # noqa: E402,F401
 import tensorflow as tf  # noqa: E402
 
 NUM_VIRTUAL_CPUS = 8
