@@ -43,6 +43,7 @@ demo: venv
 # bench_results/summary.json; bench_report assembles REPORT.md.
 bench: venv
 	$(PY) -m tools.bench_train --output_dir=bench_results
+	$(PY) -m tools.bench_cpu_kernels --output_dir=bench_results
 	$(PY) -m tools.bench_bn_groups --output_dir=bench_results
 	$(PY) -m tools.bench_collectives --output_dir=bench_results
 	$(PY) -m tools.bench_input --output_dir=bench_results

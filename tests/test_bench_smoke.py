@@ -28,6 +28,7 @@ def results(tmp_path_factory):
   _run("tools.bench_bn_groups", out, "--tiny",
        f"--scratch_dir={out}/scratch_bn")
   _run("tools.bench_collectives", out, "--tiny")
+  _run("tools.bench_cpu_kernels", out, "--tiny")
   _run("tools.bench_report", out)
   return out
 
@@ -36,7 +37,7 @@ def test_training_benchmarks_write_the_summary_keys(results):
   with open(results / "summary.json") as f:
     summary = json.load(f)
   for key in ("ours_vs_keras_fp32", "ours_vs_keras_bf16", "mfu_bf16",
-              "bn_group4_vs_group1"):
+              "bn_group4_vs_group1", "onednn_vs_eigen_fp32"):
     assert isinstance(summary[key], float) and summary[key] > 0, key
 
 
@@ -44,7 +45,8 @@ def test_report_holds_every_table(results):
   text = (results / "REPORT.md").read_text()
   for heading in ("ours vs keras.applications.ResNet50",
                   "Model FLOP utilisation", "Host loop",
-                  "Distributed BN: group size"):
+                  "Distributed BN: group size",
+                  "CPU kernels: oneDNN vs Eigen"):
     assert heading in text
 
 

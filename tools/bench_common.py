@@ -13,6 +13,8 @@ from typing import Callable
 
 import tensorflow as tf
 
+from resnet_tpu import cpu_kernels
+
 
 def alternate(variants: dict[str, Callable[[], float]],
               repetitions: int) -> dict[str, list[float]]:
@@ -58,6 +60,7 @@ def machine() -> dict:
   return {"cores": os.cpu_count(), "cpu": model,
           "cpu_features": {name: name in flags for name in CPU_FEATURES},
           "tensorflow": tf.__version__,
+          "onednn_kernels": cpu_kernels.onednn_enabled(),
           "date": time.strftime("%Y-%m-%d")}
 
 

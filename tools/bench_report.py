@@ -10,8 +10,8 @@ import sys
 
 from tools import bench_common
 
-PARTS = ("train.md", "bn_groups.md", "collectives.md", "input.md",
-         "allreduce_sim.md")
+PARTS = ("train.md", "cpu_kernels.md", "bn_groups.md", "collectives.md",
+         "input.md", "allreduce_sim.md")
 RERUN = "make bench"
 # The targets of the benchmark issue: key -> (comparison, bound).
 TARGETS = {
@@ -43,8 +43,10 @@ def report(output_dir: str) -> str:
       "# resnet-tpu benchmark report",
       "",
       f"Measured {m['date']} on {m['cores']} cores of {m['cpu']} "
-      f"({features}), TensorFlow {m['tensorflow']}. Rerun: `{RERUN}`. Every "
-      "ratio compares variants measured alternately in the same run.",
+      f"({features}), TensorFlow {m['tensorflow']}, oneDNN CPU kernels "
+      f"{'on' if m['onednn_kernels'] else 'off'} (resnet_tpu/cpu_kernels.py)."
+      f" Rerun: `{RERUN}`. Every ratio compares variants measured "
+      "alternately in the same run.",
       "",
       "## Headline ratios (bench_results/summary.json)",
       "",

@@ -56,8 +56,9 @@ def forward_flops(model: keras.Model) -> int:
   return flops
 
 
-def _config(precision: str, image_size: int, batch: int, depth: int,
-            tmp: str) -> TrainConfig:
+def train_config(precision: str, image_size: int, batch: int, depth: int,
+                 tmp: str) -> TrainConfig:
+  """The 1-replica synthetic-data run every step benchmark times."""
   return TrainConfig(
       model_dir=tmp, use_synthetic_data=True, resnet_depth=depth,
       num_classes=1000, image_size=image_size, precision=precision,
@@ -66,7 +67,7 @@ def _config(precision: str, image_size: int, batch: int, depth: int,
       label_smoothing=0.1, weight_decay=1e-4)
 
 
-def _step_timer(cfg: TrainConfig, model_fn, steps: int):
+def step_timer(cfg: TrainConfig, model_fn, steps: int):
   """A callable timing `steps` training steps; traced and warmed up once."""
   trainer = Trainer(cfg, tf.distribute.MirroredStrategy(["/cpu:0"]),
                     model_fn=model_fn)
@@ -110,9 +111,10 @@ def bench_models(image_size: int, batch: int, steps: dict[str, int],
   """
   variants, flops = {}, {}
   for precision in ("float32", "bfloat16"):
-    cfg = _config(precision, image_size, batch, 50, f"{tmp}/{precision}")
+    cfg = train_config(precision, image_size, batch, 50,
+                       f"{tmp}/{precision}")
     for name, model_fn in (("ours", None), ("keras", keras_resnet50)):
-      trainer, seconds = _step_timer(cfg, model_fn, steps[precision])
+      trainer, seconds = step_timer(cfg, model_fn, steps[precision])
       flops[f"{name}_{precision}"] = 3 * forward_flops(trainer.model)
       variants[f"{name}_{precision}"] = (
           lambda s=seconds: batch / s())
@@ -129,7 +131,7 @@ def bench_models(image_size: int, batch: int, steps: dict[str, int],
 def bench_host_loop(batch: int, total_steps: int, repetitions: int,
                     tmp: str) -> dict:
   """Seconds per step when one call runs 1, 10 or 100 steps."""
-  cfg = _config("float32", 32, batch, 18, f"{tmp}/host_loop")
+  cfg = train_config("float32", 32, batch, 18, f"{tmp}/host_loop")
   trainer = Trainer(cfg, tf.distribute.MirroredStrategy(["/cpu:0"]))
   iterator = iter(trainer.strategy.distribute_datasets_from_function(
       input_pipeline.synthetic_dataset_fn(32, 1000, batch, "float32")))

@@ -31,9 +31,9 @@ def workload(name: str, precision: str, image_size: int, batch: int,
   """A warmed-up callable running one step (or matmul) of `name`."""
   if name == "matmul":
     return bench_train.matmul_flops_per_second(precision, matmul_size)
-  cfg = bench_train._config(precision, image_size, batch, 50, tmp)  # pylint: disable=protected-access
+  cfg = bench_train.train_config(precision, image_size, batch, 50, tmp)
   model_fn = bench_train.keras_resnet50 if name == "keras" else None
-  _, seconds = bench_train._step_timer(cfg, model_fn, 1)  # pylint: disable=protected-access
+  _, seconds = bench_train.step_timer(cfg, model_fn, 1)
   return seconds
 
 
