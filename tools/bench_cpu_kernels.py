@@ -28,6 +28,7 @@ from tools import bench_common
 from tools import bench_train
 
 FLAGS = flags.FLAGS
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KERNELS = {"Eigen": "0", "oneDNN": "1"}  # name -> TF_ENABLE_ONEDNN_OPTS
 TINY = dict(image_size=32, batch_size=2, depth=18, steps=1, calls=1,
             repetitions=1)
@@ -54,8 +55,8 @@ def run_child(setup: dict, onednn: str) -> dict:
                *(f"--{key}={value}" for key, value in setup.items()
                  if key != "repetitions")]
     env = {**os.environ, cpu_kernels.ONEDNN_ENV: onednn}
-    done = subprocess.run(command, env=env, capture_output=True, text=True,
-                          check=False)
+    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True,
+                          text=True, check=False)
     if done.returncode:
       raise RuntimeError(f"child {command} with {cpu_kernels.ONEDNN_ENV}="
                          f"{onednn} failed:\n{done.stderr[-3000:]}")
