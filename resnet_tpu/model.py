@@ -12,6 +12,8 @@ exported SavedModel both feed raw 0..255 pixels. Under the `mixed_bfloat16`
 policy convs and activations run in bfloat16; BN statistics and the logits
 stay in float32.
 """
+import functools
+
 import keras
 
 from resnet_tpu.distributed_batch_norm import DistributedBatchNormalization
@@ -53,16 +55,21 @@ def _bn(x, group_size: int, name: str, zero_gamma: bool = False,
 
 
 def bottleneck_block(x, filters: int, strides: int, group_size: int,
-                     name: str, bn_args: dict):
-  """1x1 -> 3x3 (stride here: v1.5) -> 1x1 x4, projection when shapes change."""
+                     name: str, bn_args: dict, stride_in_3x3: bool = True):
+  """1x1 -> 3x3 -> 1x1 x4, projection when shapes change.
+
+  The stride sits on the 3x3 conv (v1.5), or on the first 1x1 conv with
+  stride_in_3x3=False (v1, as keras.applications.ResNet50).
+  """
   shortcut = x
   if strides > 1 or x.shape[-1] != 4 * filters:
     shortcut = _conv(x, 4 * filters, 1, strides, name + "_proj")
     shortcut = _bn(shortcut, group_size, name + "_proj_bn", **bn_args)
-  y = _conv(x, filters, 1, 1, name + "_conv1")
+  strides_1x1, strides_3x3 = (1, strides) if stride_in_3x3 else (strides, 1)
+  y = _conv(x, filters, 1, strides_1x1, name + "_conv1")
   y = keras.layers.ReLU(name=name + "_relu1")(
       _bn(y, group_size, name + "_bn1", **bn_args))
-  y = _conv(y, filters, 3, strides, name + "_conv2")
+  y = _conv(y, filters, 3, strides_3x3, name + "_conv2")
   y = keras.layers.ReLU(name=name + "_relu2")(
       _bn(y, group_size, name + "_bn2", **bn_args))
   y = _conv(y, 4 * filters, 1, 1, name + "_conv3")
@@ -98,12 +105,15 @@ def stack(x, block, filters: int, blocks: int, strides: int, group_size: int,
 
 def build_resnet(depth: int = 50, num_classes: int = 1000,
                  image_size: int = 224, bn_group_size: int = 1,
-                 bn_momentum: float = 0.9,
-                 bn_epsilon: float = 1e-5) -> keras.Model:
+                 bn_momentum: float = 0.9, bn_epsilon: float = 1e-5,
+                 stride_in_3x3: bool = True) -> keras.Model:
   """ResNet v1.5 of `depth` taking raw 0..255 RGB images, returning logits.
 
   The dtype policy in force (keras.mixed_precision) decides the compute
   dtype; call this under `mixed_bfloat16` for bfloat16 training.
+  stride_in_3x3=False puts the bottlenecks' stride on the first 1x1 conv
+  (ResNet v1, keras.applications' layout): only tools/bench_train.py uses
+  it, to compare with Keras at equal FLOPs.
   """
   if depth not in LAYERS:
     raise ValueError(f"--resnet_depth must be one of {sorted(LAYERS)}, "
@@ -112,7 +122,10 @@ def build_resnet(depth: int = 50, num_classes: int = 1000,
     raise ValueError(f"--image_size={image_size} is too small: ResNet "
                      f"downsamples by 32, so it needs >= {MIN_IMAGE_SIZE}.")
   kind, blocks = LAYERS[depth]
-  block = bottleneck_block if kind == "bottleneck" else basic_block
+  if kind == "bottleneck":
+    block = functools.partial(bottleneck_block, stride_in_3x3=stride_in_3x3)
+  else:
+    block = basic_block
   bn_args = {"momentum": bn_momentum, "epsilon": bn_epsilon}
 
   inputs = keras.Input((image_size, image_size, 3), name="images")
@@ -132,4 +145,5 @@ def build_resnet(depth: int = 50, num_classes: int = 1000,
       num_classes, dtype="float32",
       kernel_initializer=keras.initializers.RandomNormal(stddev=0.01),
       name="logits")(x)
-  return keras.Model(inputs, logits, name=f"resnet{depth}_v1_5")
+  version = "v1_5" if stride_in_3x3 else "v1"
+  return keras.Model(inputs, logits, name=f"resnet{depth}_{version}")

@@ -65,3 +65,17 @@ def test_bfloat16_policy_keeps_logits_float32():
 def test_bad_depth_or_image_size_is_a_clear_error(depth, size):
   with pytest.raises(ValueError, match="resnet_depth|image_size"):
     build_resnet(depth, 10, size)
+
+
+def test_v1_layout_downsamples_in_the_first_1x1_conv_as_keras_does():
+  model = build_resnet(50, 1000, 224, stride_in_3x3=False)
+  for stage in (2, 3, 4):
+    block = f"stage{stage}_block1"
+    assert model.get_layer(block + "_conv1").strides == (2, 2)
+    assert model.get_layer(block + "_conv2").strides == (1, 1)
+  assert model.count_params() == KERAS_RESNET50_PARAMS - KERAS_CONV_BIASES
+  keras_model = keras.applications.ResNet50(weights=None)
+  for ours, theirs in (("stage2_block1_conv1", "conv3_block1_1_conv"),
+                       ("stage2_block1_conv2", "conv3_block1_2_conv")):
+    assert (model.get_layer(ours).output.shape ==
+            keras_model.get_layer(theirs).output.shape)
