@@ -18,8 +18,6 @@
    it (128 KB mmap and trim thresholds), switched by mallopt between calls.
 All variants alternate A B A B ...; medians and min-max are reported.
 """
-import dataclasses
-
 from absl import app
 from absl import flags
 from absl import logging
@@ -52,6 +50,7 @@ def ours_v1_layout(cfg: TrainConfig) -> keras.Model:
   the same FLOPs as the reference, so only our BN, loop and layers differ."""
   with dtype_policy(cfg.precision):
     return build_resnet(cfg.resnet_depth, cfg.num_classes, cfg.image_size,
+                        cfg.bn_group_size, cfg.bn_momentum, cfg.bn_epsilon,
                         stride_in_3x3=False)
 
 
