@@ -8,6 +8,7 @@ import dataclasses
 import glob
 import os
 
+from resnet_tpu.bfloat16_convs import BFLOAT16_CONV_KERNELS
 from resnet_tpu.collectives import BN_ALL_REDUCE
 from resnet_tpu.collectives import GRADIENT_ALL_REDUCE
 from resnet_tpu.collectives import parse_grid
@@ -34,6 +35,7 @@ class TrainConfig:
   num_classes: int = 1000
   image_size: int = 224
   precision: str = "float32"
+  bfloat16_conv_kernels: str = "auto"
   bn_group_size: int = 1
   bn_momentum: float = 0.9
   bn_epsilon: float = 1e-5
@@ -146,6 +148,9 @@ def validate(cfg: TrainConfig, num_replicas: int | None = None) -> None:
          f"got {cfg.num_classes}.")
   _check(cfg.precision in PRECISIONS,
          f"--precision must be one of {PRECISIONS}, got {cfg.precision!r}.")
+  _check(cfg.bfloat16_conv_kernels in BFLOAT16_CONV_KERNELS,
+         f"--bfloat16_conv_kernels must be one of {BFLOAT16_CONV_KERNELS}, "
+         f"got {cfg.bfloat16_conv_kernels!r}.")
   _check(cfg.input_dtype in INPUT_DTYPES,
          f"--input_dtype must be one of {INPUT_DTYPES}, got "
          f"{cfg.input_dtype!r}.")

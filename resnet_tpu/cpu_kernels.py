@@ -11,7 +11,8 @@ our ResNet-50 faster in float32 (1.16x in one run) and ran the 8-replica
 BN benchmark at 1.2-1.3 s per step instead of 1.7-2.2 s, so our entry
 points turn it on unless the user chose:
 `TF_ENABLE_ONEDNN_OPTS=0` keeps Eigen's kernels. bfloat16 convolutions stay
-Eigen's either way on CPUs without AVX-512 (TensorFlow's oneDNN bf16 needs it).
+Eigen's either way on CPUs without AVX-512 (TensorFlow's oneDNN bf16 needs it);
+resnet_tpu/bfloat16_convs.py widens them to these float32 kernels instead.
 
 TensorFlow reads the switch once, when it loads, so `import resnet_tpu` must
 come before `import tensorflow`: main.py, tools/__init__.py,
@@ -27,6 +28,19 @@ def default_onednn_on() -> None:
   """Sets TF_ENABLE_ONEDNN_OPTS=1 unless the user set it (before TF loads)."""
   if "tensorflow" not in sys.modules:
     os.environ.setdefault(ONEDNN_ENV, "1")
+
+
+def cpu_flags() -> frozenset[str]:
+  """The feature flags of /proc/cpuinfo (empty where it cannot be read)."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        # x86 names the line "flags", aarch64 "Features".
+        if line.startswith(("flags", "Features")):
+          return frozenset(line.split(":", 1)[1].split())
+  except OSError:
+    pass
+  return frozenset()
 
 
 def onednn_enabled() -> bool:

@@ -7,6 +7,7 @@ import dataclasses
 
 from absl import flags
 
+from resnet_tpu.bfloat16_convs import BFLOAT16_CONV_KERNELS
 from resnet_tpu.collectives import BN_ALL_REDUCE
 from resnet_tpu.collectives import GRADIENT_ALL_REDUCE
 from resnet_tpu.config import BN_STATS
@@ -31,6 +32,11 @@ HELP = {
     "image_size": "Training and eval image side in pixels.",
     "precision": "float32 or bfloat16 (convs/activations in bfloat16; BN "
                  "statistics and logits in float32).",
+    "bfloat16_conv_kernels": "Kernels of the bfloat16 convs: native "
+                             "(TensorFlow's bfloat16 kernels), float32 "
+                             "(bfloat16 operands widened, float32 sums, "
+                             "bfloat16 output) or auto (float32 on CPUs "
+                             "without AVX512-BF16/AMX, else native).",
     "bn_group_size": "Replicas whose batch statistics are pooled by "
                      "distributed BN (Ying et al. §3.1); 1 = local BN.",
     "bn_momentum": "Moving-average momentum of the BN statistics.",
@@ -110,6 +116,7 @@ HELP = {
 }
 
 _ENUMS = {"bn_stats": BN_STATS, "precision": PRECISIONS,
+          "bfloat16_conv_kernels": BFLOAT16_CONV_KERNELS,
           "input_dtype": INPUT_DTYPES,
           "bn_all_reduce": BN_ALL_REDUCE,
           "gradient_all_reduce": GRADIENT_ALL_REDUCE,

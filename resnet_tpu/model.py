@@ -9,13 +9,15 @@ Differences from the original ResNet v1 that matter for large-batch training:
 Every BatchNormalization is a DistributedBatchNormalization (§3.1). Input
 normalisation happens inside the model, so the input pipeline and the
 exported SavedModel both feed raw 0..255 pixels. Under the `mixed_bfloat16`
-policy convs and activations run in bfloat16; BN statistics and the logits
-stay in float32.
+policy convs and activations run in bfloat16 (on CPUs without bfloat16
+arithmetic, through float32 kernels: resnet_tpu/bfloat16_convs.py); BN
+statistics and the logits stay in float32.
 """
 import functools
 
 import keras
 
+from resnet_tpu.bfloat16_convs import Conv2D
 from resnet_tpu.distributed_batch_norm import DistributedBatchNormalization
 
 # ImageNet channel statistics on the 0..255 scale.
@@ -35,16 +37,18 @@ LAYERS = {
 MIN_IMAGE_SIZE = 32
 
 
-def _conv(x, filters: int, kernel: int, strides: int, name: str):
+def _conv(x, filters: int, kernel: int, strides: int, name: str,
+          float32_kernels: bool):
   if strides > 1 and kernel > 1:
     # Fixed padding, independent of the input size (as tensorflow/tpu does).
     pad = kernel - 1
     x = keras.layers.ZeroPadding2D(((pad // 2, pad - pad // 2),) * 2,
                                    name=name + "_pad")(x)
-  return keras.layers.Conv2D(
+  return Conv2D(
       filters, kernel, strides=strides,
       padding="valid" if strides > 1 and kernel > 1 else "same",
-      use_bias=False, kernel_initializer="he_normal", name=name)(x)
+      use_bias=False, kernel_initializer="he_normal",
+      float32_kernels=float32_kernels, name=name)(x)
 
 
 def _bn(x, group_size: int, name: str, zero_gamma: bool = False,
@@ -55,40 +59,44 @@ def _bn(x, group_size: int, name: str, zero_gamma: bool = False,
 
 
 def bottleneck_block(x, filters: int, strides: int, group_size: int,
-                     name: str, bn_args: dict, stride_in_3x3: bool = True):
+                     name: str, bn_args: dict, stride_in_3x3: bool = True,
+                     float32_kernels: bool = False):
   """1x1 -> 3x3 -> 1x1 x4, projection when shapes change.
 
   The stride sits on the 3x3 conv (v1.5), or on the first 1x1 conv with
-  stride_in_3x3=False (v1, as keras.applications.ResNet50).
+  stride_in_3x3=False (v1, as keras.applications.ResNet50). float32_kernels:
+  see bfloat16_convs.Conv2D.
   """
   shortcut = x
   if strides > 1 or x.shape[-1] != 4 * filters:
-    shortcut = _conv(x, 4 * filters, 1, strides, name + "_proj")
+    shortcut = _conv(x, 4 * filters, 1, strides, name + "_proj",
+                     float32_kernels)
     shortcut = _bn(shortcut, group_size, name + "_proj_bn", **bn_args)
   strides_1x1, strides_3x3 = (1, strides) if stride_in_3x3 else (strides, 1)
-  y = _conv(x, filters, 1, strides_1x1, name + "_conv1")
+  y = _conv(x, filters, 1, strides_1x1, name + "_conv1", float32_kernels)
   y = keras.layers.ReLU(name=name + "_relu1")(
       _bn(y, group_size, name + "_bn1", **bn_args))
-  y = _conv(y, filters, 3, strides_3x3, name + "_conv2")
+  y = _conv(y, filters, 3, strides_3x3, name + "_conv2", float32_kernels)
   y = keras.layers.ReLU(name=name + "_relu2")(
       _bn(y, group_size, name + "_bn2", **bn_args))
-  y = _conv(y, 4 * filters, 1, 1, name + "_conv3")
+  y = _conv(y, 4 * filters, 1, 1, name + "_conv3", float32_kernels)
   y = _bn(y, group_size, name + "_bn3", zero_gamma=True, **bn_args)
   return keras.layers.ReLU(name=name + "_out")(
       keras.layers.Add(name=name + "_add")([shortcut, y]))
 
 
 def basic_block(x, filters: int, strides: int, group_size: int, name: str,
-                bn_args: dict):
+                bn_args: dict, float32_kernels: bool = False):
   """3x3 -> 3x3, projection shortcut when shapes change (ResNet-18/34)."""
   shortcut = x
   if strides > 1 or x.shape[-1] != filters:
-    shortcut = _conv(x, filters, 1, strides, name + "_proj")
+    shortcut = _conv(x, filters, 1, strides, name + "_proj",
+                     float32_kernels)
     shortcut = _bn(shortcut, group_size, name + "_proj_bn", **bn_args)
-  y = _conv(x, filters, 3, strides, name + "_conv1")
+  y = _conv(x, filters, 3, strides, name + "_conv1", float32_kernels)
   y = keras.layers.ReLU(name=name + "_relu1")(
       _bn(y, group_size, name + "_bn1", **bn_args))
-  y = _conv(y, filters, 3, 1, name + "_conv2")
+  y = _conv(y, filters, 3, 1, name + "_conv2", float32_kernels)
   y = _bn(y, group_size, name + "_bn2", zero_gamma=True, **bn_args)
   return keras.layers.ReLU(name=name + "_out")(
       keras.layers.Add(name=name + "_add")([shortcut, y]))
@@ -106,14 +114,16 @@ def stack(x, block, filters: int, blocks: int, strides: int, group_size: int,
 def build_resnet(depth: int = 50, num_classes: int = 1000,
                  image_size: int = 224, bn_group_size: int = 1,
                  bn_momentum: float = 0.9, bn_epsilon: float = 1e-5,
-                 stride_in_3x3: bool = True) -> keras.Model:
+                 stride_in_3x3: bool = True,
+                 float32_kernels: bool = False) -> keras.Model:
   """ResNet v1.5 of `depth` taking raw 0..255 RGB images, returning logits.
 
   The dtype policy in force (keras.mixed_precision) decides the compute
   dtype; call this under `mixed_bfloat16` for bfloat16 training.
   stride_in_3x3=False puts the bottlenecks' stride on the first 1x1 conv
   (ResNet v1, keras.applications' layout): only tools/bench_train.py uses
-  it, to compare with Keras at equal FLOPs.
+  it, to compare with Keras at equal FLOPs. float32_kernels=True runs the
+  bfloat16 convs on float32 kernels (resnet_tpu/bfloat16_convs.py).
   """
   if depth not in LAYERS:
     raise ValueError(f"--resnet_depth must be one of {sorted(LAYERS)}, "
@@ -123,16 +133,17 @@ def build_resnet(depth: int = 50, num_classes: int = 1000,
                      f"downsamples by 32, so it needs >= {MIN_IMAGE_SIZE}.")
   kind, blocks = LAYERS[depth]
   if kind == "bottleneck":
-    block = functools.partial(bottleneck_block, stride_in_3x3=stride_in_3x3)
+    block = functools.partial(bottleneck_block, stride_in_3x3=stride_in_3x3,
+                              float32_kernels=float32_kernels)
   else:
-    block = basic_block
+    block = functools.partial(basic_block, float32_kernels=float32_kernels)
   bn_args = {"momentum": bn_momentum, "epsilon": bn_epsilon}
 
   inputs = keras.Input((image_size, image_size, 3), name="images")
   x = keras.layers.Normalization(
       mean=MEAN_RGB, variance=[s * s for s in STDDEV_RGB], dtype="float32",
       name="normalize")(inputs)
-  x = _conv(x, 64, 7, 2, "stem_conv")
+  x = _conv(x, 64, 7, 2, "stem_conv", float32_kernels)
   x = keras.layers.ReLU(name="stem_relu")(
       _bn(x, bn_group_size, "stem_bn", **bn_args))
   x = keras.layers.ZeroPadding2D(1, name="stem_pool_pad")(x)

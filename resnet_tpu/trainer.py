@@ -26,6 +26,7 @@ from absl import logging
 import keras
 import tensorflow as tf
 
+from resnet_tpu import bfloat16_convs
 from resnet_tpu import collectives
 from resnet_tpu.bn_recompute import BNStatisticsRecomputer
 from resnet_tpu.config import TrainConfig
@@ -62,10 +63,23 @@ def dtype_policy(precision: str):
 
 
 def build_model(cfg: TrainConfig) -> keras.Model:
-  """The ResNet of `cfg` in the precision of `cfg`."""
+  """The ResNet of `cfg` in the precision of `cfg`.
+
+  Under a strategy scope, --bfloat16_conv_kernels=auto resolves for the
+  strategy's devices (resnet_tpu/bfloat16_convs.py).
+  """
+  float32_kernels = (cfg.precision == "bfloat16" and
+                     bfloat16_convs.use_float32_kernels(
+                         cfg.bfloat16_conv_kernels,
+                         bfloat16_convs.model_device_types()))
+  if cfg.precision == "bfloat16":
+    logging.info("bfloat16 convs run on %s kernels (--bfloat16_conv_kernels"
+                 "=%s)", "float32" if float32_kernels else "native bfloat16",
+                 cfg.bfloat16_conv_kernels)
   with dtype_policy(cfg.precision):
     return build_resnet(cfg.resnet_depth, cfg.num_classes, cfg.image_size,
-                        cfg.bn_group_size, cfg.bn_momentum, cfg.bn_epsilon)
+                        cfg.bn_group_size, cfg.bn_momentum, cfg.bn_epsilon,
+                        float32_kernels=float32_kernels)
 
 
 def build_optimizer(cfg: TrainConfig) -> keras.optimizers.Optimizer:

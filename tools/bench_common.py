@@ -47,14 +47,12 @@ CPU_FEATURES = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16")
 
 def machine() -> dict:
   """Cores, CPU model, vector/bf16 features and TF version, for the report."""
-  model, flags = platform.processor() or platform.machine(), set()
+  model = platform.processor() or platform.machine()
+  flags = cpu_kernels.cpu_flags()
   try:
     with open("/proc/cpuinfo") as f:
-      lines = f.read().splitlines()
-    model = next(line.split(":", 1)[1].strip() for line in lines
-                 if line.startswith("model name"))
-    flags = set(next(line.split(":", 1)[1].split() for line in lines
-                     if line.startswith("flags")))
+      model = next(line.split(":", 1)[1].strip() for line in f
+                   if line.startswith("model name"))
   except (OSError, StopIteration):
     pass
   return {"cores": os.cpu_count(), "cpu": model,

@@ -7,7 +7,10 @@
    keras.applications.ResNet50(weights=None) trained by the SAME loop,
    optimizer, batch, image size and precision, in float32 and bfloat16;
    in float32 also our model in Keras's v1 layout (stride on the first 1x1
-   conv), which has exactly Keras's FLOPs (v1.5 has 6% more).
+   conv), which has exactly Keras's FLOPs (v1.5 has 6% more). In bfloat16
+   ours runs --bfloat16_conv_kernels=auto (float32 kernels on CPUs without
+   bfloat16 arithmetic, resnet_tpu/bfloat16_convs.py), and also, as
+   `ours_bfloat16_native`, on TensorFlow's bfloat16 kernels as Keras does.
 2. Model FLOP utilisation: 3 x the forward FLOPs of the convs and dense layer
    (2 FLOPs per multiply-add) times images/s, over the FLOP/s of a large
    matmul in the same dtype measured in the same run.
@@ -18,6 +21,8 @@
    it (128 KB mmap and trim thresholds), switched by mallopt between calls.
 All variants alternate A B A B ...; medians and min-max are reported.
 """
+import dataclasses
+
 from absl import app
 from absl import flags
 from absl import logging
@@ -25,6 +30,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from resnet_tpu import bfloat16_convs
 from resnet_tpu import host_memory
 from resnet_tpu import input_pipeline
 from resnet_tpu.config import TrainConfig
@@ -131,6 +137,10 @@ def bench_models(image_size: int, batch: int, steps: dict[str, int],
       if name == "ours" and precision == "float32":
         variants["ours_float32_glibc_malloc"] = (
             lambda s=seconds: batch / _with_glibc_malloc(s))
+    if precision == "bfloat16":
+      native = dataclasses.replace(cfg, bfloat16_conv_kernels="native")
+      trainer, seconds = step_timer(native, None, steps[precision])
+      variants["ours_bfloat16_native"] = lambda s=seconds: batch / s()
     if precision == "float32":
       trainer, seconds = step_timer(cfg, ours_v1_layout, steps[precision])
       flops["ours_v1_float32"] = 3 * forward_flops(trainer.model)
@@ -178,6 +188,9 @@ def ratios(models: dict) -> dict[str, float]:
                         s["matmul_bfloat16"],
       "keep_host_memory_speedup_fp32": s["ours_float32"] /
                                        s["ours_float32_glibc_malloc"],
+      "ours_native_bf16_kernels_vs_keras_bf16": s["ours_bfloat16_native"] /
+                                                s["keras_bfloat16"],
+      "ours_bf16_vs_ours_fp32": s["ours_bfloat16"] / s["ours_float32"],
   }
 
 
@@ -203,6 +216,20 @@ def markdown(models: dict, host_loop: dict, result: dict,
         f"| {precision} | {ours['median']:.2f} ({ours['min']:.2f}-"
         f"{ours['max']:.2f}) | {ref['median']:.2f} ({ref['min']:.2f}-"
         f"{ref['max']:.2f}) | {result[f'ours_vs_keras_{key}']:.2f}x |")
+  native = s["ours_bfloat16_native"]
+  kernels = ("float32" if bfloat16_convs.use_float32_kernels("auto", ["CPU"])
+             else "native bfloat16")
+  lines += [
+      "",
+      f"bfloat16 convs: ours on {kernels} kernels (`--bfloat16_conv_kernels"
+      "=auto` on this CPU; resnet_tpu/bfloat16_convs.py), Keras's Conv2D on "
+      "TensorFlow's bfloat16 kernels. Ours on those same native kernels: "
+      f"{native['median']:.2f} ({native['min']:.2f}-{native['max']:.2f}) "
+      "images/s, "
+      f"{result['ours_native_bf16_kernels_vs_keras_bf16']:.2f}x Keras. "
+      "Ours in bfloat16 vs ours in float32: "
+      f"{result['ours_bf16_vs_ours_fp32']:.2f}x.",
+  ]
   v1 = s["ours_v1_float32"]
   lines += [
       "",
