@@ -10,8 +10,12 @@ explaining:
       python -m tools.profile_step --workload=ours --precision=bfloat16
   perf report -i /tmp/step.perf --no-children --sort dso,symbol
 
+(--bfloat16_conv_kernels=native profiles our model on TensorFlow's bfloat16
+conv kernels, as Keras's layers run them.)
+
 Tracing and one warm-up step run before the loop; the loop runs --seconds.
 """
+import dataclasses
 import tempfile
 import time
 
@@ -20,6 +24,7 @@ from absl import flags
 from absl import logging
 
 from resnet_tpu import host_memory
+from resnet_tpu.bfloat16_convs import BFLOAT16_CONV_KERNELS
 from tools import bench_train
 
 FLAGS = flags.FLAGS
@@ -27,11 +32,13 @@ WORKLOADS = ("ours", "keras", "matmul")
 
 
 def workload(name: str, precision: str, image_size: int, batch: int,
-             matmul_size: int, tmp: str):
+             matmul_size: int, tmp: str, bfloat16_conv_kernels: str = "auto"):
   """A warmed-up callable running one step (or matmul) of `name`."""
   if name == "matmul":
     return bench_train.matmul_flops_per_second(precision, matmul_size)
-  cfg = bench_train.train_config(precision, image_size, batch, 50, tmp)
+  cfg = dataclasses.replace(
+      bench_train.train_config(precision, image_size, batch, 50, tmp),
+      bfloat16_conv_kernels=bfloat16_conv_kernels)
   model_fn = bench_train.keras_resnet50 if name == "keras" else None
   _, seconds = bench_train.step_timer(cfg, model_fn, 1)
   return seconds
@@ -43,7 +50,8 @@ def main(argv: list[str]) -> None:
     host_memory.keep_freed_memory()
   with tempfile.TemporaryDirectory() as tmp:
     run = workload(FLAGS.workload, FLAGS.precision, FLAGS.image_size,
-                   FLAGS.batch_size, FLAGS.matmul_size, tmp)
+                   FLAGS.batch_size, FLAGS.matmul_size, tmp,
+                   FLAGS.bfloat16_conv_kernels)
     logging.info("profiling window starts: %s %s for %.0f s", FLAGS.workload,
                  FLAGS.precision, FLAGS.seconds)
     start, calls = time.perf_counter(), 0
@@ -59,6 +67,9 @@ if __name__ == "__main__":
   flags.DEFINE_enum("workload", "ours", WORKLOADS, "What to run in a loop.")
   flags.DEFINE_enum("precision", "bfloat16", ("float32", "bfloat16"),
                     "dtype of the workload.")
+  flags.DEFINE_enum("bfloat16_conv_kernels", "auto", BFLOAT16_CONV_KERNELS,
+                    "Kernels of our model's bfloat16 convs "
+                    "(resnet_tpu/bfloat16_convs.py).")
   flags.DEFINE_integer("image_size", 224, "Image side.")
   flags.DEFINE_integer("batch_size", 4, "Global batch (1 replica).")
   flags.DEFINE_integer("matmul_size", 2048, "Side of the matmul workload.")
