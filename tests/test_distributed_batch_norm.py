@@ -24,7 +24,14 @@ def _data():
   return x, w, gamma, beta
 
 
-def _distributed(group_size, x, w, gamma, beta):
+def _distributed(group_size, x, w, gamma, beta, dynamic_batch=False,
+                 graph_ops=None):
+  """Outputs, gradients and moving statistics of group BN on 8 replicas.
+
+  dynamic_batch hides the per-replica batch size from the layer, which then
+  takes Keras's path with all-reduced moments instead of the fused kernels;
+  graph_ops, if a set, receives the op types of the traced step.
+  """
   strategy = cpu_strategy(REPLICAS)
   with strategy.scope():
     bn = DistributedBatchNormalization(group_size=group_size,
@@ -38,15 +45,22 @@ def _distributed(group_size, x, w, gamma, beta):
   @tf.function
   def step(batch):
     def replica_fn(xs, ws):
+      if dynamic_batch:
+        # An all-true mask: same values, batch size unknown to the graph.
+        xs = tf.boolean_mask(xs, tf.fill(tf.shape(xs)[:1], True))
       with tf.GradientTape() as tape:
         tape.watch(xs)
         y = bn(xs, training=True)
-        loss = tf.reduce_sum(y * ws)
+        loss = tf.reduce_sum(tf.cast(y, tf.float32) * ws)
       dx, dgamma, dbeta = tape.gradient(loss, [xs, bn.gamma, bn.beta])
       return y, dx, dgamma, dbeta
     return strategy.run(replica_fn, args=batch)
 
-  y, dx, dgamma, dbeta = step(next(iter(dataset)))
+  batch = next(iter(dataset))
+  if graph_ops is not None:
+    graph = step.get_concrete_function(batch).graph
+    graph_ops.update(op.type for op in graph.get_operations())
+  y, dx, dgamma, dbeta = step(batch)
   local = strategy.experimental_local_results
   return (np.concatenate([v.numpy() for v in local(y)]),
           np.concatenate([v.numpy() for v in local(dx)]),
@@ -81,10 +95,18 @@ def _reference(group_size, x, w, gamma, beta):
           np.mean(means, axis=0), np.mean(variances, axis=0))
 
 
+@pytest.mark.parametrize("dynamic_batch", [False, True],
+                         ids=["fused_kernels", "sums_path"])
 @pytest.mark.parametrize("group_size", [1, 2, 4, 8])
-def test_group_bn_on_8_replicas_equals_single_device_bn_per_group(group_size):
+def test_group_bn_on_8_replicas_equals_single_device_bn_per_group(
+    group_size, dynamic_batch):
   data = _data()
-  got = _distributed(group_size, *data)
+  ops = set()
+  got = _distributed(group_size, *data, dynamic_batch=dynamic_batch,
+                     graph_ops=ops)
+  # The path under test is the one that ran.
+  fused = {"FusedBatchNormV3", "FusedBatchNormGradV3"} <= ops
+  assert fused != dynamic_batch, sorted(ops)
   want = _reference(group_size, *data)
   names = ("outputs", "input gradients", "gamma gradient", "beta gradient",
            "moving mean", "moving variance")
@@ -170,3 +192,22 @@ def test_bn_takes_the_sums_path_when_it_cannot_fuse():
   # Unknown batch size: the per-channel count is not static.
   assert "FusedBatchNormV3" not in _graph_ops(
       bn, tf.TensorSpec((None,) + SHAPE))
+
+
+def test_group_bn_in_bfloat16_fused_equals_sums_path():
+  """bfloat16 activations: the fused group path agrees with Keras's path."""
+  data = _data()
+  previous = keras.config.dtype_policy()
+  keras.config.set_dtype_policy("mixed_bfloat16")
+  try:
+    fused = _distributed(4, *data)
+    sums = _distributed(4, *data, dynamic_batch=True)
+  finally:
+    keras.config.set_dtype_policy(previous)
+  assert fused[0].dtype == np.dtype(tf.bfloat16.as_numpy_dtype)
+  names = ("outputs", "input gradients", "gamma gradient", "beta gradient",
+           "moving mean", "moving variance")
+  for name, f, s in zip(names, fused, sums):
+    f, s = np.asarray(f, np.float32), np.asarray(s, np.float32)
+    np.testing.assert_allclose(f, s, rtol=3e-2,
+                               atol=3e-2 * np.abs(s).max(), err_msg=name)
