@@ -13,7 +13,7 @@ measured here a bfloat16 ResNet-50 step was about 13x slower than float32
 `Conv2D` below can instead widen the bfloat16 operands to float32 (exact:
 every bfloat16 is a float32), convolve with TensorFlow's float32 kernels and
 round the output to bfloat16. That is the arithmetic of the TPU (bfloat16
-products, float32 sums) and of oneDNN's bfloat16 matmul on AVX2 CPUs; the
+products, float32 sums; a product of two bfloat16s is exact in float32); the
 layer's inputs, kernel and outputs stay bfloat16-valued, so activations and
 gradients keep their bfloat16 precision (tests/test_bfloat16_convs.py checks
 the outputs and gradients against Keras's bfloat16 Conv2D and a float64

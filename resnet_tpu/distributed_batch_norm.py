@@ -6,8 +6,10 @@ Distributed BN computes mean and variance over a *group* of `group_size`
 replicas: each replica contributes its per-channel sums, one group all-reduce
 combines them in float32, and every replica of the group normalises with the
 same statistics. group_size 1 is ordinary local BN, run as one fused kernel
-(FusedBatchNormV3; on TPU XLA fuses either form); group_size equal to the
-replica count is fully synchronised BN. Gradients flow through the all-reduce.
+(FusedBatchNormV3); larger groups normalise with the fused kernels on the
+group's statistics and a hand-written gradient that all-reduces the sums of
+dy and dy * x_hat in the group (on TPU XLA fuses either form). group_size
+equal to the replica count is fully synchronised BN.
 
 Inference mode uses the moving statistics only, so an exported model holds no
 collective op.

@@ -65,7 +65,9 @@ def markdown(summary: dict, setup: dict) -> str:
       f"{setup['per_replica']} images per replica, {setup['repetitions']} "
       f"alternating repetitions of {setup['steps']} steps. Group 1 "
       "normalises with one fused kernel per layer (FusedBatchNormV3); groups "
-      "4 and 8 compute per-channel sums and all-reduce them in the group.",
+      "4 and 8 all-reduce per-channel sums in the group and normalise with "
+      "the fused kernels' inference form, one more group all-reduce in the "
+      "backward pass.",
       "",
       "| bn_group_size | ms/step (min-max) | vs group 1 |",
       "|---|---:|---:|",

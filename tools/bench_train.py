@@ -269,8 +269,7 @@ def markdown(models: dict, host_loop: dict, result: dict,
       "",
       "Ours in bfloat16 over the float32 matmul peak: "
       f"{result['mfu_bf16_of_fp32_peak']:.1%} (on a CPU without bfloat16 "
-      "arithmetic the bfloat16 matmul is widened to float32 inside oneDNN "
-      "and peaks lower than float32).",
+      "arithmetic the bfloat16 matmul can peak lower than float32).",
   ]
   glibc = s["ours_float32_glibc_malloc"]
   lines += [
