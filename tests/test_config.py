@@ -23,6 +23,7 @@ def test_a_good_config_validates():
     (dict(resnet_depth=42), None, "--resnet_depth"),
     (dict(image_size=16), None, "--image_size"),
     (dict(precision="float16"), None, "--precision"),
+    (dict(bfloat16_conv_kernels="fp32"), None, "--bfloat16_conv_kernels"),
     (dict(strategy="horovod"), None, "--strategy"),
     (dict(train_steps=0), None, "--train_steps"),
     (dict(optimizer="adam"), None, "--optimizer"),
