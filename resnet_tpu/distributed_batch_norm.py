@@ -119,9 +119,7 @@ class DistributedBatchNormalization(keras.layers.BatchNormalization):
     the same gradient as differentiating through the all-reduce, with fewer
     passes over the activations.
     """
-    x = inputs
-    if x.dtype not in (tf.float32, tf.bfloat16, tf.float16):
-      x = tf.cast(x, tf.float32)
+    x = _fused_kernel_input(inputs)
     sums = collectives.group_all_reduce(
         local_sums(x, self._reduction_axes), self.group_size)
     mean, variance = moments_from_sums(sums)
@@ -139,9 +137,7 @@ class DistributedBatchNormalization(keras.layers.BatchNormalization):
     variance and returns the Bessel-corrected one, which we undo so the
     moving variance follows Keras's (biased) update.
     """
-    x = inputs
-    if x.dtype not in (tf.float32, tf.bfloat16, tf.float16):
-      x = tf.cast(x, tf.float32)
+    x = _fused_kernel_input(inputs)
     no_statistics = tf.constant([], tf.float32)
     y, mean, corrected_variance, _, _, _ = tf.raw_ops.FusedBatchNormV3(
         x=x, scale=tf.cast(self.gamma, tf.float32),
@@ -170,6 +166,13 @@ class DistributedBatchNormalization(keras.layers.BatchNormalization):
     config.pop("renorm_momentum", None)
     config.pop("synchronized", None)
     return {**config, "group_size": self.group_size}
+
+
+def _fused_kernel_input(x: tf.Tensor) -> tf.Tensor:
+  """`x` in a dtype the fused BN kernels take (float32/bfloat16/float16)."""
+  if x.dtype not in (tf.float32, tf.bfloat16, tf.float16):
+    return tf.cast(x, tf.float32)
+  return x
 
 
 def _group_normalize(x: tf.Tensor, gamma: tf.Tensor, beta: tf.Tensor,

@@ -68,11 +68,10 @@ def build_model(cfg: TrainConfig) -> keras.Model:
   Under a strategy scope, --bfloat16_conv_kernels=auto resolves for the
   strategy's devices (resnet_tpu/bfloat16_convs.py).
   """
-  float32_kernels = (cfg.precision == "bfloat16" and
-                     bfloat16_convs.use_float32_kernels(
-                         cfg.bfloat16_conv_kernels,
-                         bfloat16_convs.model_device_types()))
+  float32_kernels = False
   if cfg.precision == "bfloat16":
+    float32_kernels = bfloat16_convs.use_float32_kernels(
+        cfg.bfloat16_conv_kernels, bfloat16_convs.model_device_types())
     logging.info("bfloat16 convs run on %s kernels (--bfloat16_conv_kernels"
                  "=%s)", "float32" if float32_kernels else "native bfloat16",
                  cfg.bfloat16_conv_kernels)
