@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 DEMO_DATA := demo_data
 DEMO_RUN := runs/demo
 
-.PHONY: venv test demo bench clean
+.PHONY: venv test demo bench bench-cpu-kernels clean
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -43,11 +43,16 @@ demo: venv
 # bench_results/summary.json; bench_report assembles REPORT.md.
 bench: venv
 	$(PY) -m tools.bench_train --output_dir=bench_results
-	$(PY) -m tools.bench_cpu_kernels --output_dir=bench_results
 	$(PY) -m tools.bench_bn_groups --output_dir=bench_results
 	$(PY) -m tools.bench_collectives --output_dir=bench_results
 	$(PY) -m tools.bench_input --output_dir=bench_results
 	$(PY) -m tools.allreduce_sim --output_dir=bench_results
+	$(PY) -m tools.bench_report --output_dir=bench_results
+
+# oneDNN vs Eigen CPU kernels (why resnet_tpu/cpu_kernels.py turns oneDNN
+# on): one process per sample, about 3.5 minutes, so not part of `bench`.
+bench-cpu-kernels: venv
+	$(PY) -m tools.bench_cpu_kernels --output_dir=bench_results
 	$(PY) -m tools.bench_report --output_dir=bench_results
 
 clean:

@@ -57,3 +57,22 @@ def test_profile_step_runs_a_workload_in_a_loop():
       cwd=ROOT, capture_output=True, text=True, timeout=120)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "matmul float32:" in result.stdout
+
+
+def test_alternate_gives_slow_variants_only_the_first_repetitions():
+  from tools import bench_common
+  calls = []
+  variants = {name: (lambda name=name: calls.append(name) or len(calls))
+              for name in ("a", "slow", "b")}
+  runs = bench_common.alternate(variants, 3, fewer={"slow": 1})
+  assert calls == ["a", "slow", "b", "a", "b", "a", "b"]
+  assert runs == {"a": [1, 4, 6], "slow": [2], "b": [3, 5, 7]}
+
+
+def test_report_names_the_command_of_a_part_make_bench_does_not_run(tmp_path):
+  (tmp_path / "summary.json").write_text('{"bn_group4_vs_group1": 1.2}')
+  _run("tools.bench_report", tmp_path)
+  text = (tmp_path / "REPORT.md").read_text()
+  assert "(cpu_kernels.md missing: run `make bench-cpu-kernels`.)" in text
+  assert "(train.md missing: its benchmark did not run.)" in text
+  assert "| `bn_group4_vs_group1` | 1.200 | <= 1.10 | **NO** |" in text

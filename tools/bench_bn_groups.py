@@ -10,13 +10,11 @@ replicas (one float32 group all-reduce per BN layer, forward and backward).
 from absl import app
 from absl import flags
 from absl import logging
-import keras
 import tensorflow as tf
 
 from resnet_tpu import host_memory
 from resnet_tpu import input_pipeline
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.distributed_batch_norm import DistributedBatchNormalization
 from resnet_tpu.strategy import configure_cpu_replicas
 from resnet_tpu.trainer import Trainer
 from tools import bench_common
@@ -24,15 +22,6 @@ from tools import bench_common
 FLAGS = flags.FLAGS
 REPLICAS = 8
 GROUPS = (1, 4, 8)
-
-
-def smoke_net(cfg: TrainConfig) -> keras.Model:
-  """conv -> distributed BN -> pool -> dense: keeps --tiny to seconds."""
-  inputs = keras.Input((cfg.image_size, cfg.image_size, 3))
-  x = keras.layers.Conv2D(8, 3, strides=2, use_bias=False)(inputs)
-  x = DistributedBatchNormalization(group_size=cfg.bn_group_size)(x)
-  x = keras.layers.GlobalAveragePooling2D()(keras.layers.ReLU()(x))
-  return keras.Model(inputs, keras.layers.Dense(cfg.num_classes)(x))
 
 
 def step_timer(strategy, group_size: int, depth: int, image_size: int,
@@ -57,11 +46,12 @@ def step_timer(strategy, group_size: int, depth: int, image_size: int,
 
 def markdown(summary: dict, setup: dict) -> str:
   base = summary["bn_group_size=1"]["median"]
+  model = ("small conv net" if setup["smoke_net"]
+           else f"ResNet-{setup['depth']}")
   lines = [
       "### Distributed BN: group size on 8 virtual CPU replicas",
       "",
-      f"{'smoke net' if setup['smoke_net'] else 'ResNet-' + str(setup['depth'])}"
-      f", {setup['image_size']} px, "
+      f"{model}, {setup['image_size']} px, "
       f"{setup['per_replica']} images per replica, {setup['repetitions']} "
       f"alternating repetitions of {setup['steps']} steps. Group 1 "
       "normalises with one fused kernel per layer (FusedBatchNormV3); groups "
@@ -90,10 +80,10 @@ def main(argv: list[str]) -> None:
                  smoke_net=True)
   strategy = tf.distribute.MirroredStrategy(configure_cpu_replicas(REPLICAS))
   host_memory.keep_freed_memory()  # as run.py does for every training run
+  model_fn = bench_common.small_convnet if setup["smoke_net"] else None
   timers = {f"bn_group_size={g}": step_timer(
       strategy, g, setup["depth"], setup["image_size"], setup["per_replica"],
-      setup["steps"], FLAGS.scratch_dir,
-      smoke_net if setup["smoke_net"] else None) for g in GROUPS}
+      setup["steps"], FLAGS.scratch_dir, model_fn) for g in GROUPS}
   summary = bench_common.summarise(
       bench_common.alternate(timers, setup["repetitions"]))
   ratio = (summary["bn_group_size=4"]["median"] /

@@ -11,18 +11,27 @@ import statistics
 import time
 from typing import Callable
 
+import keras
 import tensorflow as tf
 
 from resnet_tpu import cpu_kernels
+from resnet_tpu.config import TrainConfig
+from resnet_tpu.distributed_batch_norm import DistributedBatchNormalization
 
 
-def alternate(variants: dict[str, Callable[[], float]],
-              repetitions: int) -> dict[str, list[float]]:
-  """Calls each variant once per repetition, in turn; collects the results."""
+def alternate(variants: dict[str, Callable[[], float]], repetitions: int,
+              fewer: dict[str, int] | None = None) -> dict[str, list[float]]:
+  """Calls each variant once per repetition, in turn; collects the results.
+
+  `fewer` gives some (slow) variants fewer repetitions: they take part in
+  the first ones only, still alternating with the others.
+  """
+  fewer = fewer or {}
   results = {name: [] for name in variants}
-  for _ in range(repetitions):
+  for repetition in range(repetitions):
     for name, measure in variants.items():
-      results[name].append(measure())
+      if repetition < fewer.get(name, repetitions):
+        results[name].append(measure())
   return results
 
 
@@ -31,6 +40,19 @@ def summarise(runs: dict[str, list[float]]) -> dict[str, dict]:
   return {name: {"median": statistics.median(values), "min": min(values),
                  "max": max(values), "runs": values}
           for name, values in runs.items()}
+
+
+def small_convnet(cfg: TrainConfig) -> keras.Model:
+  """conv -> distributed BN -> pool -> dense, for Trainer(model_fn=...).
+
+  A step of milliseconds: the host-loop benchmark sees the per-call
+  dispatch, and --tiny smoke tests take seconds.
+  """
+  inputs = keras.Input((cfg.image_size, cfg.image_size, 3))
+  x = keras.layers.Conv2D(8, 3, strides=2, use_bias=False)(inputs)
+  x = DistributedBatchNormalization(group_size=cfg.bn_group_size)(x)
+  x = keras.layers.GlobalAveragePooling2D()(keras.layers.ReLU()(x))
+  return keras.Model(inputs, keras.layers.Dense(cfg.num_classes)(x))
 
 
 def seconds_per_call(fn: Callable[[], object], calls: int) -> float:

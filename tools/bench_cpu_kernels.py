@@ -1,6 +1,11 @@
 """TensorFlow's CPU kernels, oneDNN vs Eigen, on our training step.
 
   python -m tools.bench_cpu_kernels --output_dir=bench_results [--tiny]
+  make bench-cpu-kernels    # the same, then REPORT.md again
+
+Not part of `make bench` (six child processes that each trace ResNet-50
+take about 3.5 minutes on 2 cores); REPORT.md includes its last result with
+the date it was measured.
 
 Why resnet_tpu/cpu_kernels.py turns TF_ENABLE_ONEDNN_OPTS on. TensorFlow
 reads that switch once, when it loads, so each measurement is a child process
@@ -68,12 +73,13 @@ def run_child(setup: dict, onednn: str) -> dict:
   return result
 
 
-def markdown(summary: dict, setup: dict, ratio: float) -> str:
+def markdown(summary: dict, setup: dict, ratio: float, date: str) -> str:
   eigen, onednn = summary["Eigen"], summary["oneDNN"]
   return "\n".join([
       "### CPU kernels: oneDNN vs Eigen (resnet_tpu/cpu_kernels.py)",
       "",
-      f"Our ResNet-{setup['depth']}, {setup['image_size']} px, batch "
+      f"Measured {date} by tools/bench_cpu_kernels.py (`make "
+      f"bench-cpu-kernels`, not part of `make bench`). Our ResNet-{setup['depth']}, {setup['image_size']} px, batch "
       f"{setup['batch_size']}, 1 replica, float32: one child process per "
       f"measurement (TensorFlow reads {cpu_kernels.ONEDNN_ENV} once), "
       f"{setup['repetitions']} alternating repetitions of {setup['calls']} "
@@ -109,9 +115,10 @@ def main(argv: list[str]) -> None:
                    name, runs[name][-1])
   summary = bench_common.summarise(runs)
   ratio = summary["oneDNN"]["median"] / summary["Eigen"]["median"]
-  report = markdown(summary, setup, ratio)
+  machine = bench_common.machine()
+  report = markdown(summary, setup, ratio, machine["date"])
   bench_common.write_json(FLAGS.output_dir, "cpu_kernels.json", {
-      "setup": setup, "machine": bench_common.machine(), "summary": summary,
+      "setup": setup, "machine": machine, "summary": summary,
       "onednn_vs_eigen_fp32": ratio})
   with open(os.path.join(FLAGS.output_dir, "cpu_kernels.md"), "w") as f:
     f.write(report)

@@ -15,11 +15,15 @@
    (2 FLOPs per multiply-add) times images/s, over the FLOP/s of a large
    matmul in the same dtype measured in the same run.
 3. Host-loop effect: seconds per step with --steps_per_loop 1, 10 and 100 on
-   ResNet-18 at 32 px (the per-call dispatch overhead a TPU host loop hides).
+   a small conv net (bench_common.small_convnet) at 32 px, whose step takes
+   milliseconds: the per-call dispatch overhead a TPU host loop hides.
 4. Host memory: our float32 step with --keep_host_memory (what run.py does,
    and every other variant here) against glibc's allocator as tf.data leaves
    it (128 KB mmap and trim thresholds), switched by mallopt between calls.
-All variants alternate A B A B ...; medians and min-max are reported.
+All variants alternate A B A B ...; medians and min-max are reported. The
+two variants on TensorFlow's bfloat16 conv kernels take 12x longer per step
+on a CPU without bfloat16 arithmetic, so they take part in only the first
+--native_bf16_repetitions repetitions.
 """
 import dataclasses
 
@@ -41,8 +45,11 @@ from tools import bench_common
 
 FLAGS = flags.FLAGS
 HOST_LOOPS = (1, 10, 100)
-# A small step (ResNet-18, 32 px, 2 images), so per-call dispatch shows.
+# A small step (small conv net, 32 px, 2 images), so per-call dispatch shows.
 HOST_LOOP_BATCH = 2
+HOST_LOOP_IMAGE_SIZE = 32
+# The variants on TensorFlow's bfloat16 conv kernels.
+NATIVE_BF16 = ("keras_bfloat16", "ours_bfloat16_native")
 
 
 def keras_resnet50(cfg: TrainConfig) -> keras.Model:
@@ -122,10 +129,12 @@ def _with_glibc_malloc(seconds) -> float:
 
 
 def bench_models(image_size: int, batch: int, steps: dict[str, int],
-                 repetitions: int, matmul_size: int, tmp: str) -> dict:
+                 repetitions: int, native_bf16_repetitions: int,
+                 matmul_size: int, tmp: str) -> dict:
   """Ours vs Keras in float32 and bfloat16, plus the matmul peaks.
 
-  `steps` maps each precision to the training steps per timed call.
+  `steps` maps each precision to the training steps per timed call; the
+  NATIVE_BF16 variants run `native_bf16_repetitions` of the repetitions.
   """
   variants, flops = {}, {}
   for precision in ("float32", "bfloat16"):
@@ -149,7 +158,9 @@ def bench_models(image_size: int, batch: int, steps: dict[str, int],
       variants["ours_v1_float32"] = lambda s=seconds: batch / s()
     variants[f"matmul_{precision}"] = matmul_flops_per_second(
         precision, matmul_size)
-  runs = bench_common.alternate(variants, repetitions)
+  fewer = {name: min(native_bf16_repetitions, repetitions)
+           for name in NATIVE_BF16}
+  runs = bench_common.alternate(variants, repetitions, fewer)
   return {"summary": bench_common.summarise(runs),
           "train_flops_per_image": flops}
 
@@ -157,10 +168,13 @@ def bench_models(image_size: int, batch: int, steps: dict[str, int],
 def bench_host_loop(batch: int, total_steps: int, repetitions: int,
                     tmp: str) -> dict:
   """Seconds per step when one call runs 1, 10 or 100 steps."""
-  cfg = train_config("float32", 32, batch, 18, f"{tmp}/host_loop")
-  trainer = Trainer(cfg, tf.distribute.MirroredStrategy(["/cpu:0"]))
+  cfg = train_config("float32", HOST_LOOP_IMAGE_SIZE, batch, 18,
+                     f"{tmp}/host_loop")
+  trainer = Trainer(cfg, tf.distribute.MirroredStrategy(["/cpu:0"]),
+                    model_fn=bench_common.small_convnet)
   iterator = iter(trainer.strategy.distribute_datasets_from_function(
-      input_pipeline.synthetic_dataset_fn(32, 1000, batch, "float32")))
+      input_pipeline.synthetic_dataset_fn(HOST_LOOP_IMAGE_SIZE, 1000, batch,
+                                          "float32")))
   variants = {}
   for per_call in HOST_LOOPS:
     calls = max(1, total_steps // per_call)
@@ -208,7 +222,8 @@ def markdown(models: dict, host_loop: dict, result: dict,
       f"1 replica, same custom loop and optimizer (momentum SGD), "
       f"{setup['model_repetitions']} alternating repetitions of "
       f"{setup['float32_steps']} float32 / {setup['bfloat16_steps']} "
-      "bfloat16 steps.",
+      "bfloat16 steps (the two variants on TensorFlow's bfloat16 conv "
+      f"kernels: the first {setup['native_bf16_repetitions']}).",
       "",
       "| precision | ours images/s (min-max) | Keras images/s (min-max) | "
       "ours / Keras |",
@@ -287,8 +302,10 @@ def markdown(models: dict, host_loop: dict, result: dict,
       "",
       "### Host loop (steps per tf.function call)",
       "",
-      f"ResNet-18, 32 px, batch {HOST_LOOP_BATCH}, 1 replica: seconds per "
-      "training step.",
+      f"Small conv net (conv, BN, pool, dense), {HOST_LOOP_IMAGE_SIZE} px, "
+      f"batch {HOST_LOOP_BATCH}, 1 replica, {setup['repetitions']} "
+      f"alternating repetitions of {setup['host_loop_steps']} steps: "
+      "seconds per training step.",
       "",
       "| steps_per_loop | ms/step (min-max) | speed vs 1 |",
       "|---|---:|---:|",
@@ -308,18 +325,22 @@ def main(argv: list[str]) -> None:
                float32_steps=FLAGS.float32_steps,
                bfloat16_steps=FLAGS.bfloat16_steps,
                model_repetitions=FLAGS.model_repetitions,
+               native_bf16_repetitions=FLAGS.native_bf16_repetitions,
                repetitions=FLAGS.repetitions, matmul_size=FLAGS.matmul_size,
                host_loop_steps=FLAGS.host_loop_steps)
   if FLAGS.tiny:
     setup.update(image_size=32, batch_size=2, float32_steps=1,
-                 bfloat16_steps=1, model_repetitions=1, repetitions=1,
+                 bfloat16_steps=1, model_repetitions=1,
+                 native_bf16_repetitions=1, repetitions=1,
                  matmul_size=256, host_loop_steps=10)
   tmp = FLAGS.scratch_dir
   host_memory.keep_freed_memory()  # as run.py does for every training run
   models = bench_models(setup["image_size"], setup["batch_size"],
                         {"float32": setup["float32_steps"],
                          "bfloat16": setup["bfloat16_steps"]},
-                        setup["model_repetitions"], setup["matmul_size"], tmp)
+                        setup["model_repetitions"],
+                        setup["native_bf16_repetitions"],
+                        setup["matmul_size"], tmp)
   host_loop = bench_host_loop(HOST_LOOP_BATCH, setup["host_loop_steps"],
                               setup["repetitions"], tmp)
   result = ratios(models)
@@ -348,7 +369,11 @@ if __name__ == "__main__":
                        "bfloat16 training steps per timed call.")
   flags.DEFINE_integer("model_repetitions", 5,
                        "Alternating repetitions of the model comparison.")
-  flags.DEFINE_integer("repetitions", 3,
+  flags.DEFINE_integer("native_bf16_repetitions", 3,
+                       "Of those, the repetitions of the two variants on "
+                       "TensorFlow's bfloat16 conv kernels (slow on CPUs "
+                       "without bfloat16 arithmetic).")
+  flags.DEFINE_integer("repetitions", 5,
                        "Alternating repetitions of the host-loop comparison.")
   flags.DEFINE_integer("matmul_size", 2048, "Side of the peak matmul.")
   flags.DEFINE_integer("host_loop_steps", 100, "Steps per host-loop sample.")
