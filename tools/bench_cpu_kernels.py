@@ -79,7 +79,8 @@ def markdown(summary: dict, setup: dict, ratio: float, date: str) -> str:
       "### CPU kernels: oneDNN vs Eigen (resnet_tpu/cpu_kernels.py)",
       "",
       f"Measured {date} by tools/bench_cpu_kernels.py (`make "
-      f"bench-cpu-kernels`, not part of `make bench`). Our ResNet-{setup['depth']}, {setup['image_size']} px, batch "
+      "bench-cpu-kernels`, not part of `make bench`). Our "
+      f"ResNet-{setup['depth']}, {setup['image_size']} px, batch "
       f"{setup['batch_size']}, 1 replica, float32: one child process per "
       f"measurement (TensorFlow reads {cpu_kernels.ONEDNN_ENV} once), "
       f"{setup['repetitions']} alternating repetitions of {setup['calls']} "
