@@ -169,7 +169,7 @@ def bench_host_loop(batch: int, total_steps: int, repetitions: int,
                     tmp: str) -> dict:
   """Seconds per step when one call runs 1, 10 or 100 steps."""
   cfg = train_config("float32", HOST_LOOP_IMAGE_SIZE, batch, 18,
-                     f"{tmp}/host_loop")
+                     f"{tmp}/host_loop")  # depth unused: small_convnet
   trainer = Trainer(cfg, tf.distribute.MirroredStrategy(["/cpu:0"]),
                     model_fn=bench_common.small_convnet)
   iterator = iter(trainer.strategy.distribute_datasets_from_function(
@@ -355,6 +355,7 @@ def main(argv: list[str]) -> None:
                              "mfu_bf16")})
   print(report)
   logging.info("ratios: %s", result)
+  bench_common.exit_without_teardown()
 
 
 if __name__ == "__main__":
