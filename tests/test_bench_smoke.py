@@ -76,3 +76,21 @@ def test_report_names_the_command_of_a_part_make_bench_does_not_run(tmp_path):
   assert "(cpu_kernels.md missing: run `make bench-cpu-kernels`.)" in text
   assert "(train.md missing: its benchmark did not run.)" in text
   assert "| `bn_group4_vs_group1` | 1.200 | <= 1.10 | **NO** |" in text
+
+
+def test_kept_timers_outlive_their_benchmark_function():
+  import gc
+  import weakref
+  from tools import bench_common
+
+  class Timers(dict):
+    pass
+
+  def bench():
+    timers = Timers(a=lambda: 1.0)
+    bench_common.keep_until_exit(timers)
+    return weakref.ref(timers)
+
+  ref = bench()
+  gc.collect()
+  assert ref() is not None

@@ -108,6 +108,15 @@ def merge_summary(output_dir: str, ratios: dict[str, float]) -> None:
   os.replace(path + ".tmp", path)
 
 
+_KEPT_UNTIL_EXIT: list = []
+
+
+def keep_until_exit(obj: object) -> None:
+  """Holds `obj` (e.g. timers closing over trainers) until the process ends,
+  so that no traced trainer is freed mid-run (see exit_without_teardown)."""
+  _KEPT_UNTIL_EXIT.append(obj)
+
+
 def exit_without_teardown() -> None:
   """Ends a benchmark process once its results are written and printed.
 
@@ -115,7 +124,8 @@ def exit_without_teardown() -> None:
   tf.data's iterator destructors (`RootDataset::Iterator::~Iterator` waiting
   on a background thread) for up to minutes on this machine: 3.5 minutes
   after `bench_bn_groups --tiny`, about one in run J's bench_train; cause
-  not found. Nothing is left to save, so the process skips that teardown.
+  not found. Nothing is left to save, so the process skips that teardown;
+  benchmarks with several parts keep their trainers (keep_until_exit).
   """
   sys.stdout.flush()
   sys.stderr.flush()

@@ -161,6 +161,7 @@ def bench_models(image_size: int, batch: int, steps: dict[str, int],
   fewer = {name: min(native_bf16_repetitions, repetitions)
            for name in NATIVE_BF16}
   runs = bench_common.alternate(variants, repetitions, fewer)
+  bench_common.keep_until_exit(variants)  # freeing them stalls: see there
   return {"summary": bench_common.summarise(runs),
           "train_flops_per_image": flops}
 
