@@ -59,6 +59,17 @@ def test_profile_step_runs_a_workload_in_a_loop():
   assert "matmul float32:" in result.stdout
 
 
+@pytest.mark.parametrize("workload", ["input", "input_ceiling"])
+def test_profile_step_runs_an_input_workload_in_a_loop(workload):
+  result = subprocess.run(
+      [sys.executable, "-m", "tools.profile_step", f"--workload={workload}",
+       "--num_images=4", "--image_size=32", "--input_batch_size=2",
+       "--seconds=0.2"],
+      cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert f"{workload}: " in result.stdout
+
+
 def test_alternate_gives_slow_variants_only_the_first_repetitions():
   from tools import bench_common
   calls = []
@@ -94,3 +105,29 @@ def test_kept_timers_outlive_their_benchmark_function():
   ref = bench()
   gc.collect()
   assert ref() is not None
+
+
+def test_input_profile_table_groups_perf_lines_by_stage():
+  from tools import input_profile_table as table
+  report = """
+# Samples: 33K of event 'cpu-clock:ppp'
+    48.24%  libtensorflow_cc.so.2   [.] decode_mcu
+     9.51%  libtensorflow_cc.so.2   [.] tensorflow::(anonymous namespace)::resize_image<float>
+     5.11%  libc.so.6               [.] __memmove_avx_unaligned_erms
+     2.54%  [kernel.kallsyms]       [k] finish_task_switch.isra.0
+     1.47%  libtensorflow_cc.so.2   [.] jsimd_ycc_rgb_convert_avx2.columnloop
+     0.93%  libtensorflow_framework.so.2  [.] tensorflow::ExecutorState::Process
+     0.50%  libpython3.11.so.1.0    [.] _PyEval_EvalFrameDefault
+"""
+  shares = table.stage_shares(report)
+  assert shares["JPEG entropy decoding (decode_mcu)"] == 48.24
+  assert shares["bilinear resize"] == 9.51
+  assert shares["memory copies, malloc/free"] == 5.11
+  assert shares["OS kernel (scheduling, faults, syscalls)"] == 2.54
+  assert shares["JPEG IDCT, upsampling, colour conversion"] == 1.47
+  assert shares["TensorFlow runtime (executor, thread pools, tf.data)"] == 0.93
+  assert shares["other"] == 0.5
+  text = table.markdown({"fused": shares, "ceiling": shares})
+  assert "| bilinear resize | 9.5% | 9.5% |" in text
+  with pytest.raises(ValueError, match="no `perf report` sample lines"):
+    table.stage_shares("# nothing\n")

@@ -40,6 +40,7 @@ from tools import bench_common
 FLAGS = flags.FLAGS
 
 SOURCE_HEIGHT, SOURCE_WIDTH = 375, 500
+NUM_FILES = 8
 JPEG_QUALITY = 93
 TINY = dict(num_images=16, num_files=4, image_size=64, batch_size=8,
             repetitions=1, seconds=0.25)
@@ -101,6 +102,17 @@ def decode_ceiling_dataset(jpegs: list[bytes], batch_size: int,
   return dataset.with_options(options)
 
 
+def training_dataset(data_dir: str, image_size: int, batch_size: int,
+                     threads: int, switches: dict) -> tf.data.Dataset:
+  """resnet_tpu.input_pipeline's training dataset with the VARIANTS
+  `switches`, one input pipeline, batches of `batch_size`."""
+  cfg = input_pipeline.InputConfig(data_dir=data_dir, image_size=image_size,
+                                   private_threadpool_size=threads,
+                                   **switches)
+  dataset_fn = input_pipeline.train_dataset_fn(cfg, batch_size)
+  return dataset_fn(tf.distribute.InputContext())
+
+
 def measure(make_dataset: Callable[[], tf.data.Dataset], batch_size: int,
             warmup_batches: int, seconds: float) -> tuple[float, float]:
   """(images/s, CPU ms per image) of a fresh iterator after a warm-up.
@@ -124,14 +136,9 @@ def run_ablation(data_dir: str, jpegs: list[bytes], image_size: int,
                  batch_size: int, repetitions: int, seconds: float,
                  threads: int) -> dict[str, list[tuple[float, float]]]:
   """(images/s, CPU ms/image) per variant and repetition, alternating."""
-  def pipeline(switches):
-    cfg = input_pipeline.InputConfig(data_dir=data_dir, image_size=image_size,
-                                     private_threadpool_size=threads,
-                                     **switches)
-    dataset_fn = input_pipeline.train_dataset_fn(cfg, batch_size)
-    return lambda: dataset_fn(tf.distribute.InputContext())
-
-  makers = {name: pipeline(switches) for name, switches in VARIANTS.items()}
+  makers = {name: (lambda s=switches: training_dataset(
+      data_dir, image_size, batch_size, threads, s))
+            for name, switches in VARIANTS.items()}
   makers[CEILING] = lambda: decode_ceiling_dataset(jpegs, batch_size, threads)
   warmup_batches = math.ceil(len(jpegs) / batch_size) + 2
   runs = {name: [] for name in makers}
@@ -248,7 +255,7 @@ def define_flags() -> None:
   flags.DEFINE_string("output_dir", "bench_results",
                       "Folder for input.json, input.md and summary.json.")
   flags.DEFINE_integer("num_images", 192, "Generated images (one epoch).")
-  flags.DEFINE_integer("num_files", 8, "TFRecord files holding them.")
+  flags.DEFINE_integer("num_files", NUM_FILES, "TFRecord files holding them.")
   flags.DEFINE_integer("image_size", 224, "Training crop size.")
   flags.DEFINE_integer("batch_size", 32, "Batch size.")
   flags.DEFINE_integer("repetitions", 5, "Timed windows per variant.")
