@@ -108,6 +108,6 @@ if __name__ == "__main__":
   flags.DEFINE_integer("image_size", 64, "Image side.")
   flags.DEFINE_integer("per_replica_batch", 4, "Images per replica.")
   flags.DEFINE_integer("steps", 2, "Training steps per timed call.")
-  flags.DEFINE_integer("repetitions", 5, "Alternating repetitions.")
+  flags.DEFINE_integer("repetitions", 9, "Alternating repetitions.")
   flags.DEFINE_bool("tiny", False, "Smoke-test sizes.")
   app.run(main)

@@ -258,8 +258,8 @@ def define_flags() -> None:
   flags.DEFINE_integer("num_files", NUM_FILES, "TFRecord files holding them.")
   flags.DEFINE_integer("image_size", 224, "Training crop size.")
   flags.DEFINE_integer("batch_size", 32, "Batch size.")
-  flags.DEFINE_integer("repetitions", 5, "Timed windows per variant.")
-  flags.DEFINE_float("seconds", 2.0, "Length of one timed window.")
+  flags.DEFINE_integer("repetitions", 7, "Timed windows per variant.")
+  flags.DEFINE_float("seconds", 1.5, "Length of one timed window.")
   flags.DEFINE_integer("threads", os.cpu_count() or 1,
                        "tf.data private thread pool size of every variant.")
   flags.DEFINE_bool("keep_host_memory", True,
