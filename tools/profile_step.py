@@ -24,6 +24,7 @@ import math
 import os
 import tempfile
 import time
+from typing import Callable
 
 from absl import app
 from absl import flags
@@ -44,7 +45,7 @@ WORKLOADS = ("ours", "keras", "matmul", *INPUT_SWITCHES, "input_ceiling")
 
 
 def input_workload(name: str, image_size: int, batch: int, num_images: int,
-                   tmp: str):
+                   tmp: str) -> Callable[[], object]:
   """A callable taking one batch from an input workload, after an epoch."""
   jpegs = bench_input.write_dataset(tmp, num_images,
                                     min(num_images, bench_input.NUM_FILES))
@@ -61,7 +62,8 @@ def input_workload(name: str, image_size: int, batch: int, num_images: int,
 
 
 def workload(name: str, precision: str, image_size: int, batch: int,
-             matmul_size: int, tmp: str, bfloat16_conv_kernels: str = "auto"):
+             matmul_size: int, tmp: str, bfloat16_conv_kernels: str = "auto"
+             ) -> Callable[[], object]:
   """A warmed-up callable running one step (or matmul) of `name`."""
   if name == "matmul":
     return bench_train.matmul_flops_per_second(precision, matmul_size)
