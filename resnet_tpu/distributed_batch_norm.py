@@ -195,22 +195,23 @@ def _group_normalize(x: tf.Tensor, gamma: tf.Tensor, beta: tf.Tensor,
         epsilon=epsilon, data_format="NHWC", is_training=False)
 
     def grad(dy):
-      # In inference form the reserve spaces are the mean and variance we
-      # passed; we pass them again because the bfloat16 (Eigen) forward
-      # kernel leaves its reserve_space_2 output uninitialised (TF 2.21).
-      dx_local, dgamma, dbeta, _, _ = tf.raw_ops.FusedBatchNormGradV3(
-          y_backprop=dy, x=x, scale=gamma, reserve_space_1=mean,
-          reserve_space_2=variance, reserve_space_3=reserve_3,
-          epsilon=epsilon, data_format="NHWC", is_training=False)
-      group = collectives.group_all_reduce(tf.concat([dbeta, dgamma], 0),
-                                           group_size)
-      sum_dy, sum_dy_xhat = tf.split(group, 2)
-      inv_sigma = tf.math.rsqrt(variance + epsilon)
-      # dx = dx_local - (a * x + b), per-channel a and b.
-      a = gamma * tf.square(inv_sigma) * sum_dy_xhat / count
-      b = gamma * inv_sigma * sum_dy / count - a * mean
-      dx = tf.cast(dx_local, tf.float32) - (tf.cast(x, tf.float32) * a + b)
-      return tf.cast(dx, x.dtype), dgamma, dbeta
+      with tf.name_scope("group_batch_norm_grad"):  # for tools/op_profile
+        # In inference form the reserve spaces are the mean and variance we
+        # passed; we pass them again because the bfloat16 (Eigen) forward
+        # kernel leaves its reserve_space_2 output uninitialised (TF 2.21).
+        dx_local, dgamma, dbeta, _, _ = tf.raw_ops.FusedBatchNormGradV3(
+            y_backprop=dy, x=x, scale=gamma, reserve_space_1=mean,
+            reserve_space_2=variance, reserve_space_3=reserve_3,
+            epsilon=epsilon, data_format="NHWC", is_training=False)
+        group = collectives.group_all_reduce(tf.concat([dbeta, dgamma], 0),
+                                             group_size)
+        sum_dy, sum_dy_xhat = tf.split(group, 2)
+        inv_sigma = tf.math.rsqrt(variance + epsilon)
+        # dx = dx_local - (a * x + b), per-channel a and b.
+        a = gamma * tf.square(inv_sigma) * sum_dy_xhat / count
+        b = gamma * inv_sigma * sum_dy / count - a * mean
+        dx = tf.cast(dx_local, tf.float32) - (tf.cast(x, tf.float32) * a + b)
+        return tf.cast(dx, x.dtype), dgamma, dbeta
 
     return y, grad
 
