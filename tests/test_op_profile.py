@@ -85,7 +85,8 @@ def test_op_times_sums_op_kernels_of_the_op_threads_only():
 def test_tiny_profile_finds_the_step_s_ops(tmp_path):
   result = subprocess.run(
       [sys.executable, "-m", "tools.op_profile", "--tiny", "--steps=1",
-       "--workloads=ours,bn_group4", f"--output_dir={tmp_path}"],
+       "--workloads=ours,bn_group4", "--repetitions=2",
+       f"--output_dir={tmp_path}"],
       cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]
   with open(tmp_path / "op_profile_ours_bn_group4.json") as f:
@@ -100,6 +101,7 @@ def test_tiny_profile_finds_the_step_s_ops(tmp_path):
   # The backward group all-reduce is named as BN too (group_batch_norm_grad).
   assert group4["other all-reduce (loss, metrics)"] == 0
   assert results["ours"]["op_ms_total"] == pytest.approx(sum(ours.values()))
+  assert len(results["bn_group4"]["op_ms_runs"]) == 2
   assert "| BN group all-reduce |" in result.stdout
 
 

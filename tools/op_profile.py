@@ -10,10 +10,11 @@ is the one its benchmark times: `ours`, `ours_v1_layout` and `keras` are
 tools/bench_train.py's ResNet-50 steps (1 replica, 224 px, batch 4);
 `bn_groupN` is tools/bench_bn_groups.py's ResNet-18 step on 8 virtual CPU
 replicas at bn_group_size N. Every workload is built and warmed up first;
-then each is traced by `tf.profiler` for --steps steps in turn, and the
-kernel time of every op the executor ran is summed per category (conv
-forward, conv backprop to input and to filter, batch norm, collectives,
-weight decay, optimizer update, the rest), per step.
+then, --repetitions times, each in turn is traced by `tf.profiler` for
+--steps steps, and the kernel time of every op the executor ran is summed
+per category (conv forward, conv backprop to input and to filter, batch
+norm, all-reduces, weight decay, optimizer update, the rest), per step. The
+table gives each category's median over the repetitions.
 
 Op times are CPU wall time inside each kernel, summed over the executor's
 threads: two ops running at once both count, so the column total can
@@ -26,6 +27,7 @@ import glob
 import json
 import os
 import re
+import statistics
 import tempfile
 import time
 from typing import Callable
@@ -131,6 +133,24 @@ def profile(step: Callable[[], object], steps: int, logdir: str
   return collections.Counter({k: v / steps for k, v in times.items()}), wall
 
 
+def summarise(runs: list[tuple[collections.Counter, float]],
+              top_ops: int) -> dict:
+  """Medians over repetitions of the wall time and of each category's ms
+  per step; the slowest ops of the median-wall repetition."""
+  walls = [wall for _, wall in runs]
+  categories = [by_category(times) for times, _ in runs]
+  op_ms = {c: 1e3 * statistics.median(t[c] for t in categories)
+           for c in CATEGORIES}
+  times, _ = sorted(runs, key=lambda r: r[1])[len(runs) // 2]
+  return {"wall_ms": 1e3 * statistics.median(walls),
+          "wall_ms_runs": [1e3 * w for w in walls],
+          "op_ms": op_ms, "op_ms_total": sum(op_ms.values()),
+          "op_ms_runs": [{c: 1e3 * v for c, v in t.items()}
+                         for t in categories],
+          "top_ops": [{"node": node, "op": op, "ms": 1e3 * s}
+                      for (node, op), s in times.most_common(top_ops)]}
+
+
 def build_step(name: str, precision: str, tiny: bool, tmp: str,
                strategy: tf.distribute.Strategy | None) -> Callable[[], float]:
   """A warmed-up callable running one step of workload `name`."""
@@ -153,13 +173,16 @@ def build_step(name: str, precision: str, tiny: bool, tmp: str,
   return seconds
 
 
-def markdown(results: dict[str, dict], precision: str, steps: int) -> str:
+def markdown(results: dict[str, dict], precision: str, steps: int,
+             repetitions: int) -> str:
   names = list(results)
   lines = [
-      f"### Op time per training step ({precision}, {steps} profiled steps)",
+      f"### Op time per training step ({precision})",
       "",
       "Kernel time summed over the executor's threads, ms per step "
-      "(share of the column's op time); `python -m tools.op_profile`.",
+      "(share of the column's op time): medians of "
+      f"{repetitions} alternating repetitions of {steps} profiled steps; "
+      "`python -m tools.op_profile`.",
       "",
       "| category | " + " | ".join(names) + " |",
       "|---|" + "---:|" * len(names),
@@ -192,21 +215,21 @@ def main(argv: list[str]) -> None:
   tmp = tempfile.mkdtemp(prefix="op_profile_")
   steps = {n: build_step(n, FLAGS.precision, FLAGS.tiny, tmp, strategy)
            for n in names}
-  results = {}
-  for name, step in steps.items():
-    step()  # one more step after the others were built
-    times, wall = profile(step, FLAGS.steps, f"{tmp}/trace_{name}")
-    op_ms = {c: 1e3 * s for c, s in by_category(times).items()}
-    top = [{"node": node, "op": op, "ms": 1e3 * s}
-           for (node, op), s in times.most_common(FLAGS.top_ops)]
-    results[name] = {"wall_ms": 1e3 * wall, "op_ms": op_ms,
-                     "op_ms_total": sum(op_ms.values()), "top_ops": top}
-  report = markdown(results, FLAGS.precision, FLAGS.steps)
+  runs = {name: [] for name in names}
+  for repetition in range(FLAGS.repetitions):
+    for name, step in steps.items():
+      step()  # one unprofiled step after the other workloads ran
+      times, wall = profile(step, FLAGS.steps,
+                            f"{tmp}/trace_{name}_{repetition}")
+      runs[name].append((times, wall))
+  results = {name: summarise(r, FLAGS.top_ops) for name, r in runs.items()}
+  report = markdown(results, FLAGS.precision, FLAGS.steps, FLAGS.repetitions)
   print(report)
   if FLAGS.output_dir:
     stem = "op_profile_" + "_".join(names)
     bench_common.write_json(FLAGS.output_dir, stem + ".json", {
         "precision": FLAGS.precision, "steps": FLAGS.steps,
+        "repetitions": FLAGS.repetitions,
         "machine": bench_common.machine(), "results": results})
     with open(os.path.join(FLAGS.output_dir, stem + ".md"), "w") as f:
       f.write(report)
@@ -218,7 +241,9 @@ if __name__ == "__main__":
                     f"Some of {list(WORKLOADS)}.")
   flags.DEFINE_enum("precision", "float32", ("float32", "bfloat16"),
                     "dtype of the ResNet-50 workloads (bn_groupN: float32).")
-  flags.DEFINE_integer("steps", 5, "Profiled steps per workload.")
+  flags.DEFINE_integer("steps", 3, "Profiled steps per repetition.")
+  flags.DEFINE_integer("repetitions", 3,
+                       "Alternating repetitions; medians are reported.")
   flags.DEFINE_integer("top_ops", 40, "Slowest ops kept in the JSON.")
   flags.DEFINE_string("output_dir", "",
                       "Where op_profile_<workloads>.json/.md go (optional).")
