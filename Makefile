@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 DEMO_DATA := demo_data
 DEMO_RUN := runs/demo
 
-.PHONY: venv test demo bench bench-cpu-kernels clean
+.PHONY: venv test demo bench bench-cpu-kernels profile-ops clean
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,15 @@ bench: venv
 # on): one process per sample, about 3.5 minutes, so not part of `bench`.
 bench-cpu-kernels: venv
 	$(PY) -m tools.bench_cpu_kernels --output_dir=bench_results
+	$(PY) -m tools.bench_report --output_dir=bench_results
+
+# Op time per category of the float32 ResNet-50 steps and of the BN-group
+# steps (tools/op_profile.py): about 5 minutes, so not part of `bench`.
+profile-ops: venv
+	$(PY) -m tools.op_profile --workloads=ours,ours_v1_layout,keras \
+	    --output_dir=bench_results
+	$(PY) -m tools.op_profile --workloads=bn_group1,bn_group4,bn_group8 \
+	    --output_dir=bench_results
 	$(PY) -m tools.bench_report --output_dir=bench_results
 
 clean:

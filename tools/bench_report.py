@@ -2,7 +2,8 @@
 
   python -m tools.bench_report --output_dir=bench_results
 
-Run by `make bench` after its benchmarks, and by `make bench-cpu-kernels`.
+Run by `make bench` after its benchmarks, and by `make bench-cpu-kernels` and
+`make profile-ops`.
 """
 import json
 import os
@@ -10,11 +11,14 @@ import sys
 
 from tools import bench_common
 
-PARTS = ("train.md", "cpu_kernels.md", "bn_groups.md", "collectives.md",
-         "input.md", "allreduce_sim.md")
+OP_PROFILES = ("op_profile_ours_ours_v1_layout_keras.md",
+               "op_profile_bn_group1_bn_group4_bn_group8.md")
+PARTS = ("train.md", "cpu_kernels.md", *OP_PROFILES[:1], "bn_groups.md",
+         *OP_PROFILES[1:], "collectives.md", "input.md", "allreduce_sim.md")
 RERUN = "make bench"
 # Parts that `make bench` does not write, and the command that does.
-SEPARATE = {"cpu_kernels.md": "make bench-cpu-kernels"}
+SEPARATE = {"cpu_kernels.md": "make bench-cpu-kernels",
+            **dict.fromkeys(OP_PROFILES, "make profile-ops")}
 # The targets of the benchmark issue: key -> (comparison, bound).
 TARGETS = {
     "ours_vs_keras_fp32": (">=", 1.00),

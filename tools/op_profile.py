@@ -1,8 +1,9 @@
 """Where a training step's time goes, op by op, from TensorFlow's profiler.
 
+  make profile-ops   # both of:
   python -m tools.op_profile --workloads=ours,ours_v1_layout,keras \\
-      --precision=float32 --output_dir=bench_results
-  python -m tools.op_profile --workloads=bn_group1,bn_group4 \\
+      --output_dir=bench_results
+  python -m tools.op_profile --workloads=bn_group1,bn_group4,bn_group8 \\
       --output_dir=bench_results
 
 `make bench` gives ratios; this tool says which ops make them. Each workload
@@ -177,12 +178,12 @@ def markdown(results: dict[str, dict], precision: str, steps: int,
              repetitions: int) -> str:
   names = list(results)
   lines = [
-      f"### Op time per training step ({precision})",
+      f"### Op time per training step: {', '.join(names)}",
       "",
-      "Kernel time summed over the executor's threads, ms per step "
-      "(share of the column's op time): medians of "
+      f"{precision}. Kernel time summed over the executor's threads, ms per "
+      "step (share of the column's op time): medians of "
       f"{repetitions} alternating repetitions of {steps} profiled steps; "
-      "`python -m tools.op_profile`.",
+      f"`python -m tools.op_profile --workloads={','.join(names)}`.",
       "",
       "| category | " + " | ".join(names) + " |",
       "|---|" + "---:|" * len(names),
@@ -228,8 +229,8 @@ def main(argv: list[str]) -> None:
   if FLAGS.output_dir:
     stem = "op_profile_" + "_".join(names)
     bench_common.write_json(FLAGS.output_dir, stem + ".json", {
-        "precision": FLAGS.precision, "steps": FLAGS.steps,
-        "repetitions": FLAGS.repetitions,
+        "workloads": names, "precision": FLAGS.precision,
+        "steps": FLAGS.steps, "repetitions": FLAGS.repetitions,
         "machine": bench_common.machine(), "results": results})
     with open(os.path.join(FLAGS.output_dir, stem + ".md"), "w") as f:
       f.write(report)
