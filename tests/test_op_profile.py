@@ -105,9 +105,14 @@ def test_tiny_profile_finds_the_step_s_ops(tmp_path):
   assert "| BN group all-reduce |" in result.stdout
 
 
-def test_unknown_workload_is_named():
+@pytest.mark.parametrize("args, named", [
+    (["--workloads=ours,resnet"], ["resnet", "--workloads"]),
+    (["--repetitions=0"], ["--repetitions"]),
+])
+def test_bad_flags_are_named(args, named):
   result = subprocess.run(
-      [sys.executable, "-m", "tools.op_profile", "--workloads=ours,resnet"],
+      [sys.executable, "-m", "tools.op_profile", *args],
       cwd=ROOT, capture_output=True, text=True, timeout=120)
   assert result.returncode != 0
-  assert "resnet" in result.stderr and "--workloads" in result.stderr
+  for text in named:
+    assert text in result.stderr

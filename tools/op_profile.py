@@ -17,10 +17,11 @@ per category (conv forward, conv backprop to input and to filter, batch
 norm, all-reduces, weight decay, optimizer update, the rest), per step. The
 table gives each category's median over the repetitions.
 
-Op times are CPU wall time inside each kernel, summed over the executor's
-threads: two ops running at once both count, so the column total can
-exceed the step's wall time, which the table gives too. A collective's time
-includes waiting for the other replicas of its group.
+Op times are each kernel's time from start to end, summed over the threads
+that run ops: two ops running at once both count, so the column total can
+exceed the step's wall time (measured under the profiler), which the table
+gives too. A collective's time includes waiting for the other replicas of
+its group.
 """
 import collections
 import dataclasses
@@ -107,6 +108,7 @@ def op_times(xspace: xplane_pb2.XSpace) -> collections.Counter:
 
 
 def by_category(times: collections.Counter) -> dict[str, float]:
+  """Seconds per CATEGORIES entry (every entry present)."""
   totals = dict.fromkeys(CATEGORIES, 0.0)
   for (node, op_type), seconds in times.items():
     totals[category(node, op_type)] += seconds
@@ -180,8 +182,8 @@ def markdown(results: dict[str, dict], precision: str, steps: int,
   lines = [
       f"### Op time per training step: {', '.join(names)}",
       "",
-      f"{precision}. Kernel time summed over the executor's threads, ms per "
-      "step (share of the column's op time): medians of "
+      f"{precision}. Kernel time summed over the threads that run ops, ms "
+      "per step (share of the column's op time): medians of "
       f"{repetitions} alternating repetitions of {steps} profiled steps; "
       f"`python -m tools.op_profile --workloads={','.join(names)}`.",
       "",
@@ -208,6 +210,9 @@ def main(argv: list[str]) -> None:
   if unknown:
     raise app.UsageError(f"--workloads: unknown {unknown}; expected some of "
                          f"{list(WORKLOADS)}")
+  if FLAGS.steps < 1 or FLAGS.repetitions < 1:
+    raise app.UsageError(f"--steps and --repetitions must be at least 1, got "
+                         f"{FLAGS.steps} and {FLAGS.repetitions}")
   strategy = None
   if any(n in BN_GROUP_WORKLOADS for n in names):
     strategy = tf.distribute.MirroredStrategy(
