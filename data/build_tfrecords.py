@@ -15,8 +15,12 @@ Input layouts:
 
 The training file order is shuffled with a fixed seed so that each shard mixes
 classes. RGB JPEGs are stored byte for byte; PNG, CMYK, grayscale and other
-images are re-encoded as RGB JPEG. An image that does not decode is reported by
-path and skipped. OUTPUT_DIR/synsets.txt lists `<class index>\t<synset>`
+images are re-encoded as RGB JPEG. Progressive JPEGs are counted and, with
+--progressive_to_baseline, re-encoded as baseline JPEGs: the fused
+decode-and-crop of §3.2 saves nothing on a progressive JPEG, whose every scan
+must be decoded before any pixel (README "Performance"; ImageNet's own JPEGs
+are baseline). An image that does not decode is reported by path and
+skipped. OUTPUT_DIR/synsets.txt lists `<class index>\t<synset>`
 (TFRecord label = class index + 1); a later build into the same OUTPUT_DIR,
 such as the validation split, reuses it so that both splits share one map.
 
@@ -44,6 +48,11 @@ SYNSETS_FILE = "synsets.txt"
 IMAGE_EXTENSIONS = (".jpeg", ".jpg", ".png", ".bmp", ".gif")
 JPEG_MAGIC = b"\xff\xd8\xff"
 JPEG_QUALITY = 100  # as imagenet_to_gcs.py re-encodes PNG and CMYK images
+# Start-of-frame markers (ITU-T T.81 Table B.1): all SOFn, and the
+# progressive ones (SOF2, SOF6, SOF10, SOF14).
+_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+_PROGRESSIVE_SOF_MARKERS = frozenset({0xC2, 0xC6, 0xCA, 0xCE})
+_START_OF_SCAN = 0xDA
 
 FLAGS = flags.FLAGS
 
@@ -53,6 +62,9 @@ class BuildReport:
   files: list[str]
   num_written: int
   skipped: list[str]
+  # Progressive JPEG inputs stored as they are / written as baseline.
+  num_progressive_stored: int = 0
+  num_progressive_reencoded: int = 0
 
 
 class _Progress:
@@ -165,19 +177,45 @@ def class_labels(synsets: list[str], output_dir: str) -> dict[str, int]:
   return {synset: i + 1 for i, synset in enumerate(classes)}
 
 
-def to_rgb_jpeg(data: bytes) -> tuple[bytes, int, int]:
+def is_progressive_jpeg(data: bytes) -> bool:
+  """Whether JPEG `data` has a progressive frame header (SOF2/6/10/14).
+
+  Walks the marker segments from the start of the image to the first SOFn;
+  False for data that is not a JPEG or has no frame header before a scan.
+  """
+  if not data.startswith(JPEG_MAGIC):
+    return False
+  i = 2
+  while i + 4 <= len(data) and data[i] == 0xFF:
+    marker = data[i + 1]
+    if marker == 0xFF:  # fill byte before a marker
+      i += 1
+      continue
+    if marker in _SOF_MARKERS:
+      return marker in _PROGRESSIVE_SOF_MARKERS
+    if marker == _START_OF_SCAN:
+      return False
+    i += 2 + int.from_bytes(data[i + 2:i + 4], "big")
+  return False
+
+
+def to_rgb_jpeg(data: bytes, progressive_to_baseline: bool = False,
+                quality: int = JPEG_QUALITY) -> tuple[bytes, int, int]:
   """Decodes `data` fully; returns (RGB JPEG, height, width).
 
-  RGB JPEGs come back unchanged. Raises tf.errors.InvalidArgumentError for
-  data that does not decode.
+  RGB JPEGs come back unchanged, except progressive ones when
+  `progressive_to_baseline`; everything else is re-encoded as a baseline RGB
+  JPEG of `quality`. Raises tf.errors.InvalidArgumentError for data that does
+  not decode.
   """
   if data.startswith(JPEG_MAGIC):
     image = tf.io.decode_jpeg(data, channels=3)
-    if int(tf.image.extract_jpeg_shape(data)[2]) == 3:
+    if (int(tf.image.extract_jpeg_shape(data)[2]) == 3 and
+        not (progressive_to_baseline and is_progressive_jpeg(data))):
       return data, image.shape[0], image.shape[1]
   else:
     image = tf.io.decode_image(data, channels=3, expand_animations=False)
-  jpeg = tf.io.encode_jpeg(image, format="rgb", quality=JPEG_QUALITY)
+  jpeg = tf.io.encode_jpeg(image, format="rgb", quality=quality)
   return jpeg.numpy(), image.shape[0], image.shape[1]
 
 
@@ -205,37 +243,53 @@ def image_example(path: str, jpeg: bytes, height: int, width: int,
   }))
 
 
+@dataclasses.dataclass(frozen=True)
+class _Encoding:
+  progressive_to_baseline: bool
+  quality: int
+
+
 def _write_shard(output_path: str, items: list[tuple[str, str]],
-                 labels: dict[str, int], progress: _Progress) -> list[str]:
-  """Writes one shard, renamed into place when whole; returns skipped paths."""
-  skipped = []
+                 labels: dict[str, int], progress: _Progress,
+                 encoding: _Encoding) -> tuple[list[str], int, int]:
+  """Writes one shard, renamed into place when whole; returns the skipped
+  paths and how many progressive JPEGs it stored as they are / re-encoded."""
+  skipped, stored, reencoded = [], 0, 0
   partial_path = output_path + ".incomplete"
   with tf.io.TFRecordWriter(partial_path) as writer:
     for path, synset in items:
       try:
         with tf.io.gfile.GFile(path, "rb") as f:
-          jpeg, height, width = to_rgb_jpeg(f.read())
+          data = f.read()
+        jpeg, height, width = to_rgb_jpeg(
+            data, encoding.progressive_to_baseline, encoding.quality)
       except (tf.errors.OpError, OSError) as error:
         reason = str(error).strip().splitlines()[-1]
         logging.warning("skipping unreadable image %s: %s", path, reason)
         skipped.append(path)
       else:
+        if is_progressive_jpeg(data):
+          stored += jpeg is data
+          reencoded += jpeg is not data
         example = image_example(path, jpeg, height, width, synset,
                                 labels[synset])
         writer.write(example.SerializeToString())
       progress.update()
   tf.io.gfile.rename(partial_path, output_path, overwrite=True)
-  return skipped
+  return skipped, stored, reencoded
 
 
 def build(input_dir: str, output_dir: str, split: str, num_shards: int,
           labels_file: str | None = None, num_workers: int = 4,
-          seed: int = 0) -> BuildReport:
+          seed: int = 0, progressive_to_baseline: bool = False,
+          jpeg_quality: int = JPEG_QUALITY) -> BuildReport:
   """Writes `split`-%05d-of-%05d TFRecords of the images of `input_dir`."""
   if split not in SPLITS:
     raise ValueError(f"--split must be one of {SPLITS}, got {split!r}")
   if num_workers < 1:
     raise ValueError(f"--num_workers must be >= 1, got {num_workers}")
+  if not 1 <= jpeg_quality <= 100:
+    raise ValueError(f"--jpeg_quality must be in [1, 100], got {jpeg_quality}")
   items = list_images(input_dir, labels_file)
   if not 1 <= num_shards <= len(items):
     raise ValueError("--num_shards must be between 1 and the number of "
@@ -250,19 +304,32 @@ def build(input_dir: str, output_dir: str, split: str, num_shards: int,
                   (i + 1) * len(items) // num_shards]
             for i in range(num_shards)]
   progress = _Progress(len(items), split)
+  encoding = _Encoding(progressive_to_baseline, jpeg_quality)
   with concurrent.futures.ThreadPoolExecutor(num_workers) as pool:
-    skipped_per_shard = pool.map(_write_shard, files, chunks,
-                                 [labels] * num_shards,
-                                 [progress] * num_shards)
-    skipped = sorted(path for paths in skipped_per_shard for path in paths)
+    shards = list(pool.map(_write_shard, files, chunks,
+                           [labels] * num_shards, [progress] * num_shards,
+                           [encoding] * num_shards))
+  skipped = sorted(path for paths, _, _ in shards for path in paths)
   if len(skipped) == len(items):
     raise ValueError(f"none of the {len(items)} images under --input_dir "
                      f"{input_dir} could be decoded")
-  report = BuildReport(files, len(items) - len(skipped), skipped)
+  report = BuildReport(files, len(items) - len(skipped), skipped,
+                       sum(shard[1] for shard in shards),
+                       sum(shard[2] for shard in shards))
   logging.info("wrote %d %s images of %d classes into %d files in %s; "
                "skipped %d unreadable images %s", report.num_written, split,
                len(labels), num_shards, output_dir, len(skipped),
                skipped[:10])
+  if report.num_progressive_reencoded:
+    logging.info("re-encoded %d progressive JPEGs as baseline JPEGs",
+                 report.num_progressive_reencoded)
+  if report.num_progressive_stored:
+    logging.warning(
+        "%d of %d images are progressive JPEGs, stored as they are: the "
+        "fused decode-and-crop saves nothing on them and they decode about "
+        "2x slower (README 'Performance'); --progressive_to_baseline "
+        "re-encodes them as baseline JPEGs", report.num_progressive_stored,
+        report.num_written)
   return report
 
 
@@ -280,6 +347,12 @@ def define_flags() -> None:
   flags.DEFINE_integer("num_workers", os.cpu_count() or 1,
                        "Shards encoded at the same time.")
   flags.DEFINE_integer("seed", 0, "Seed of the training file-order shuffle.")
+  flags.DEFINE_bool("progressive_to_baseline", False,
+                    "Re-encode progressive JPEGs as baseline JPEGs, which "
+                    "the fused decode-and-crop can decode in part.")
+  flags.DEFINE_integer("jpeg_quality", JPEG_QUALITY,
+                       "Quality of re-encoded images (PNG, CMYK, grayscale; "
+                       "progressive with --progressive_to_baseline).")
   flags.mark_flags_as_required(["input_dir", "output_dir", "split",
                                 "num_shards"])
 
@@ -287,7 +360,8 @@ def define_flags() -> None:
 def main(argv: list[str]) -> None:
   del argv
   build(FLAGS.input_dir, FLAGS.output_dir, FLAGS.split, FLAGS.num_shards,
-        FLAGS.labels_file, FLAGS.num_workers, FLAGS.seed)
+        FLAGS.labels_file, FLAGS.num_workers, FLAGS.seed,
+        FLAGS.progressive_to_baseline, FLAGS.jpeg_quality)
 
 
 if __name__ == "__main__":

@@ -95,6 +95,80 @@ def test_png_grayscale_and_cmyk_are_reencoded_as_rgb_jpeg(tmp_path):
     assert abs(float(tf.reduce_mean(pixels)) - 77) < 3
 
 
+def _photo(height: int = 48, width: int = 64) -> np.ndarray:
+  """Smooth RGB content, so that re-encoding changes pixels only slightly."""
+  y, x = np.mgrid[0:height, 0:width]
+  return np.stack([x * 4, y * 5, (x + y) * 2], -1).clip(0, 255).astype(
+      np.uint8)
+
+
+def test_progressive_jpegs_are_recognised_by_their_frame_header():
+  pixels = _photo()
+  baseline = tf.io.encode_jpeg(pixels).numpy()
+  progressive = tf.io.encode_jpeg(pixels, progressive=True).numpy()
+  assert build_tfrecords.is_progressive_jpeg(progressive)
+  assert not build_tfrecords.is_progressive_jpeg(baseline)
+  # A JPEG whose header segments come first (an EXIF-like APP1 segment).
+  app1 = b"\xff\xe1" + (10).to_bytes(2, "big") + b"Exif\0\0\0\0"
+  assert build_tfrecords.is_progressive_jpeg(progressive[:2] + app1 +
+                                             progressive[2:])
+  for not_jpeg in (b"", b"\x89PNG\r\n", baseline[:3], b"\xff\xd8\xff\xda"):
+    assert not build_tfrecords.is_progressive_jpeg(not_jpeg)
+
+
+def test_progressive_jpegs_are_stored_or_reencoded_as_baseline(tmp_path,
+                                                               caplog):
+  pixels = _photo()
+  folder = tmp_path / "images" / "n01000000"
+  folder.mkdir(parents=True)
+  progressive = tf.io.encode_jpeg(pixels, progressive=True).numpy()
+  (folder / "p.JPEG").write_bytes(progressive)
+  baseline = tf.io.encode_jpeg(pixels[::-1], quality=90).numpy()
+  (folder / "b.JPEG").write_bytes(baseline)
+  with caplog.at_level(logging.WARNING):
+    kept = build_tfrecords.build(str(tmp_path / "images"),
+                                 str(tmp_path / "kept"), "validation", 1)
+  assert (kept.num_progressive_stored, kept.num_progressive_reencoded) == (1, 0)
+  assert "1 of 2 images are progressive JPEGs" in caplog.text
+  assert "--progressive_to_baseline" in caplog.text
+  stored = {r["image/filename"]: r["image/encoded"]
+            for r in read_records(kept.files)}
+  assert stored == {b"p.JPEG": progressive, b"b.JPEG": baseline}
+
+  converted = build_tfrecords.build(
+      str(tmp_path / "images"), str(tmp_path / "baseline"), "validation", 1,
+      progressive_to_baseline=True)
+  assert (converted.num_progressive_stored,
+          converted.num_progressive_reencoded) == (0, 1)
+  records = {r["image/filename"]: r for r in read_records(converted.files)}
+  jpeg = records[b"p.JPEG"]["image/encoded"]
+  assert not build_tfrecords.is_progressive_jpeg(jpeg)
+  assert (records[b"p.JPEG"]["image/height"],
+          records[b"p.JPEG"]["image/width"]) == (48, 64)
+  decoded = tf.cast(tf.io.decode_jpeg(jpeg), tf.float32)
+  original = tf.cast(tf.io.decode_jpeg(progressive), tf.float32)
+  assert float(tf.reduce_max(tf.abs(decoded - original))) <= 8
+  # The baseline JPEG of the folder is still stored byte for byte.
+  assert records[b"b.JPEG"]["image/encoded"] == baseline
+
+
+def test_jpeg_quality_sets_the_quality_of_reencoded_images(tmp_path):
+  folder = tmp_path / "images" / "n01000000"
+  folder.mkdir(parents=True)
+  (folder / "p.JPEG").write_bytes(
+      tf.io.encode_jpeg(_photo(96, 128), progressive=True).numpy())
+  sizes = []
+  for quality in (100, 30):
+    report = build_tfrecords.build(
+        str(tmp_path / "images"), str(tmp_path / f"q{quality}"), "train", 1,
+        progressive_to_baseline=True, jpeg_quality=quality)
+    sizes.append(len(read_records(report.files)[0]["image/encoded"]))
+  assert sizes[1] < sizes[0]
+  with pytest.raises(ValueError, match="--jpeg_quality must be in"):
+    build_tfrecords.build(str(tmp_path / "images"), str(tmp_path / "q0"),
+                          "train", 1, jpeg_quality=0)
+
+
 def test_corrupt_images_are_reported_by_path_and_skipped(tmp_path, caplog):
   input_dir = class_folders(tmp_path / "images")
   rng = np.random.default_rng(0)

@@ -3,6 +3,7 @@ import collections
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -235,3 +236,36 @@ def test_bench_input_tiny_writes_the_ablation_and_merges_summary(tmp_path):
   assert "| + fused decode-and-crop |" in (tmp_path / "input.md").read_text()
   assert len(result["resize_kernels"]) == 2
   assert all(k["median"] > 0 for k in result["resize_kernels"].values())
+  assert "16 JPEGs of 500x375" in (tmp_path / "input.md").read_text()
+
+
+def test_bench_input_times_the_jpegs_of_a_folder(tmp_path):
+  jpeg_dir = tmp_path / "photos"
+  jpeg_dir.mkdir()
+  for i, (height, width) in enumerate([(90, 120), (120, 90), (100, 100)]):
+    pixels = np.random.default_rng(i).integers(0, 256, (height, width, 3),
+                                               dtype=np.uint8)
+    (jpeg_dir / f"p{i}.jpg").write_bytes(
+        tf.io.encode_jpeg(pixels, progressive=i == 0).numpy())
+  (jpeg_dir / "notes.txt").write_text("not an image")
+  sizes = re.escape("16 JPEGs of 3 sizes, 90x120 to 120x90 (mean ")
+  for switch, expected in (
+      ("--noprogressive_to_baseline",
+       sizes + r"\d+ KB, 6 progressive\) from " + re.escape(str(jpeg_dir))),
+      ("--progressive_to_baseline",
+       sizes + r"\d+ KB\) from " + re.escape(str(jpeg_dir)) +
+       ", progressive ones re-encoded as baseline")):
+    out = tmp_path / switch
+    subprocess.run([sys.executable, "-m", "tools.bench_input", "--tiny",
+                    f"--jpeg_dir={jpeg_dir}", switch, f"--output_dir={out}"],
+                   cwd=REPO, check=True, capture_output=True, timeout=120)
+    text = (out / "input.md").read_text()
+    assert re.search(expected, text), text[:300]
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  result = subprocess.run(
+      [sys.executable, "-m", "tools.bench_input", "--tiny",
+       f"--jpeg_dir={empty}", f"--output_dir={out}"],
+      cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert result.returncode != 0
+  assert f"--jpeg_dir={empty} holds no .jpg or .jpeg files" in result.stderr

@@ -14,6 +14,7 @@ time per image, which other load on a shared machine disturbs far less.
 
   python -m tools.bench_input          # bench_results/input.{json,md}
   python -m tools.bench_input --tiny   # smoke test, < 20 s
+  python -m tools.bench_input --jpeg_dir=DIR --output_dir=OUT  # your JPEGs
 
 The two headline ratios are merged into bench_results/summary.json.
 """
@@ -80,14 +81,54 @@ def write_dataset(data_dir: str, num_images: int, num_files: int,
   """Writes train-*-of-* TFRecords of generated JPEGs; returns the JPEGs."""
   rng = np.random.default_rng(seed)
   jpegs = [photo_like_jpeg(rng) for _ in range(num_images)]
+  write_records(data_dir, jpegs, num_files)
+  return jpegs
+
+
+def read_jpegs(jpeg_dir: str, num_images: int,
+               progressive_to_baseline: bool = False) -> list[bytes]:
+  """num_images JPEGs: the *.jpg/*.jpeg files of jpeg_dir, sorted, cycled,
+  as data/build_tfrecords.py stores them (with `progressive_to_baseline`)."""
+  if not os.path.isdir(jpeg_dir):
+    raise ValueError(f"--jpeg_dir={jpeg_dir} is not a folder")
+  names = sorted(n for n in os.listdir(jpeg_dir)
+                 if n.lower().endswith((".jpg", ".jpeg")))
+  if not names:
+    raise ValueError(f"--jpeg_dir={jpeg_dir} holds no .jpg or .jpeg files")
+  files = []
+  for name in names:
+    with open(os.path.join(jpeg_dir, name), "rb") as f:
+      files.append(build_tfrecords.to_rgb_jpeg(
+          f.read(), progressive_to_baseline)[0])
+  return [files[i % len(files)] for i in range(num_images)]
+
+
+def write_records(data_dir: str, jpegs: list[bytes], num_files: int) -> None:
+  """Writes `jpegs` as train-*-of-* TFRecords in the imagenet_to_gcs format."""
   for shard in range(num_files):
     path = os.path.join(data_dir, f"train-{shard:05d}-of-{num_files:05d}")
     with tf.io.TFRecordWriter(path) as writer:
-      for i in range(shard, num_images, num_files):
+      for i in range(shard, len(jpegs), num_files):
+        height, width, _ = tf.image.extract_jpeg_shape(jpegs[i]).numpy()
         example = build_tfrecords.image_example(
-            f"{i}.JPEG", jpegs[i], SOURCE_HEIGHT, SOURCE_WIDTH, "n00000000", 1)
+            f"{i}.JPEG", jpegs[i], int(height), int(width), "n00000000", 1)
         writer.write(example.SerializeToString())
-  return jpegs
+
+
+def describe(jpegs: list[bytes]) -> str:
+  """'192 JPEGs of 500x375 (mean 112 KB)'; for mixed sizes the range, and
+  how many are progressive."""
+  shapes = sorted({tuple(tf.image.extract_jpeg_shape(j).numpy()[1::-1])
+                   for j in set(jpegs)})
+  sizes = ("x".join(map(str, shapes[0])) if len(shapes) == 1 else
+           f"{len(shapes)} sizes, {'x'.join(map(str, shapes[0]))} to "
+           f"{'x'.join(map(str, shapes[-1]))}")
+  progressive = sum(map(build_tfrecords.is_progressive_jpeg, jpegs))
+  kind = "progressive JPEGs" if progressive == len(jpegs) else "JPEGs"
+  mixed = (f", {progressive} progressive" if 0 < progressive < len(jpegs)
+           else "")
+  mean_kb = sum(map(len, jpegs)) / len(jpegs) / 1e3
+  return f"{len(jpegs)} {kind} of {sizes} (mean {mean_kb:.0f} KB{mixed})"
 
 
 def decode_ceiling_dataset(jpegs: list[bytes], batch_size: int,
@@ -218,8 +259,7 @@ def markdown_table(summary: dict[str, dict], setup: dict) -> str:
   base = summary[BASE]["median"]
   lines = [
       f"Input pipeline ablation (Ying et al. 2018, Fig. 5): "
-      f"{setup['num_images']} JPEGs of {SOURCE_WIDTH}x{SOURCE_HEIGHT} "
-      f"(mean {setup['mean_jpeg_kb']:.0f} KB), {setup['image_size']} px "
+      f"{setup['source']}, {setup['image_size']} px "
       f"crops, batch {setup['batch_size']}, {setup['threads']} threads, "
       f"{setup['repetitions']} x {setup['seconds']} s per variant; 1-minute "
       f"load average {setup['load_average'][0]:.1f} before, "
@@ -254,7 +294,14 @@ def define_flags() -> None:
   """Flags exist only when run as a script; importing defines none."""
   flags.DEFINE_string("output_dir", "bench_results",
                       "Folder for input.json, input.md and summary.json.")
-  flags.DEFINE_integer("num_images", 192, "Generated images (one epoch).")
+  flags.DEFINE_integer("num_images", 192, "Images in one epoch.")
+  flags.DEFINE_string("jpeg_dir", "",
+                      "Time these JPEGs (*.jpg, *.jpeg; cycled to "
+                      "--num_images) instead of generated ones, as "
+                      "data/build_tfrecords.py stores them.")
+  flags.DEFINE_bool("progressive_to_baseline", False,
+                    "With --jpeg_dir: re-encode progressive JPEGs as "
+                    "baseline, as build_tfrecords --progressive_to_baseline.")
   flags.DEFINE_integer("num_files", NUM_FILES, "TFRecord files holding them.")
   flags.DEFINE_integer("image_size", 224, "Training crop size.")
   flags.DEFINE_integer("batch_size", 32, "Batch size.")
@@ -280,8 +327,18 @@ def main(argv: list[str]) -> None:
     host_memory.keep_freed_memory()  # as run.py does for every training run
   setup["keep_host_memory"] = FLAGS.keep_host_memory
   with tempfile.TemporaryDirectory() as data_dir:
-    jpegs = write_dataset(data_dir, setup["num_images"], setup["num_files"])
+    if FLAGS.jpeg_dir:
+      jpegs = read_jpegs(FLAGS.jpeg_dir, setup["num_images"],
+                         FLAGS.progressive_to_baseline)
+      write_records(data_dir, jpegs, setup["num_files"])
+    else:
+      jpegs = write_dataset(data_dir, setup["num_images"], setup["num_files"])
     setup["mean_jpeg_kb"] = sum(map(len, jpegs)) / len(jpegs) / 1e3
+    setup["source"] = describe(jpegs)
+    if FLAGS.jpeg_dir:
+      setup["source"] += f" from {FLAGS.jpeg_dir}" + (
+          ", progressive ones re-encoded as baseline"
+          if FLAGS.progressive_to_baseline else "")
     load_before = os.getloadavg()[0]
     runs = run_ablation(data_dir, jpegs, setup["image_size"],
                         setup["batch_size"], setup["repetitions"],
