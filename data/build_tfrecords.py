@@ -43,16 +43,13 @@ from absl import flags
 from absl import logging
 import tensorflow as tf
 
+from resnet_tpu import data_checks
+
 SPLITS = ("train", "validation")
 SYNSETS_FILE = "synsets.txt"
 IMAGE_EXTENSIONS = (".jpeg", ".jpg", ".png", ".bmp", ".gif")
 JPEG_MAGIC = b"\xff\xd8\xff"
 JPEG_QUALITY = 100  # as imagenet_to_gcs.py re-encodes PNG and CMYK images
-# Start-of-frame markers (ITU-T T.81 Table B.1): all SOFn, and the
-# progressive ones (SOF2, SOF6, SOF10, SOF14).
-_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
-_PROGRESSIVE_SOF_MARKERS = frozenset({0xC2, 0xC6, 0xCA, 0xCE})
-_START_OF_SCAN = 0xDA
 
 FLAGS = flags.FLAGS
 
@@ -177,28 +174,6 @@ def class_labels(synsets: list[str], output_dir: str) -> dict[str, int]:
   return {synset: i + 1 for i, synset in enumerate(classes)}
 
 
-def is_progressive_jpeg(data: bytes) -> bool:
-  """Whether JPEG `data` has a progressive frame header (SOF2/6/10/14).
-
-  Walks the marker segments from the start of the image to the first SOFn;
-  False for data that is not a JPEG or has no frame header before a scan.
-  """
-  if not data.startswith(JPEG_MAGIC):
-    return False
-  i = 2
-  while i + 4 <= len(data) and data[i] == 0xFF:
-    marker = data[i + 1]
-    if marker == 0xFF:  # fill byte before a marker
-      i += 1
-      continue
-    if marker in _SOF_MARKERS:
-      return marker in _PROGRESSIVE_SOF_MARKERS
-    if marker == _START_OF_SCAN:
-      return False
-    i += 2 + int.from_bytes(data[i + 2:i + 4], "big")
-  return False
-
-
 def to_rgb_jpeg(data: bytes, progressive_to_baseline: bool = False,
                 quality: int = JPEG_QUALITY) -> tuple[bytes, int, int]:
   """Decodes `data` fully; returns (RGB JPEG, height, width).
@@ -210,8 +185,9 @@ def to_rgb_jpeg(data: bytes, progressive_to_baseline: bool = False,
   """
   if data.startswith(JPEG_MAGIC):
     image = tf.io.decode_jpeg(data, channels=3)
-    if (int(tf.image.extract_jpeg_shape(data)[2]) == 3 and
-        not (progressive_to_baseline and is_progressive_jpeg(data))):
+    reencode = (progressive_to_baseline and
+                data_checks.is_progressive_jpeg(data))
+    if int(tf.image.extract_jpeg_shape(data)[2]) == 3 and not reencode:
       return data, image.shape[0], image.shape[1]
   else:
     image = tf.io.decode_image(data, channels=3, expand_animations=False)
@@ -268,7 +244,7 @@ def _write_shard(output_path: str, items: list[tuple[str, str]],
         logging.warning("skipping unreadable image %s: %s", path, reason)
         skipped.append(path)
       else:
-        if is_progressive_jpeg(data):
+        if data_checks.is_progressive_jpeg(data):
           stored += jpeg is data
           reencoded += jpeg is not data
         example = image_example(path, jpeg, height, width, synset,

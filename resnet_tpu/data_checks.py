@@ -20,6 +20,10 @@ nor may it vanish silently. Each training record therefore passes through:
    training silently on an all-zero one-hot target.
 
 The guards take (images, labels, decodable) batches or single examples.
+
+`is_progressive_jpeg` is not a guard: progressive JPEGs train correctly, but
+the fused decode-and-crop (§3.2) saves nothing on them; the data builder and
+the pre-flight check (preflight.py) use it to say so.
 """
 from typing import Callable
 
@@ -31,6 +35,11 @@ _START_OF_IMAGE = b"\xff\xd8\xff"
 # Bytes at the end searched for the end-of-image marker FFD9; some encoders
 # append a short trailer after it.
 EOI_SEARCH_BYTES = 1024
+# Start-of-frame markers (ITU-T T.81 Table B.1): all SOFn, and the
+# progressive ones (SOF2, SOF6, SOF10, SOF14).
+_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+_PROGRESSIVE_SOF_MARKERS = frozenset({0xC2, 0xC6, 0xCA, 0xCE})
+_START_OF_SCAN = 0xDA
 
 
 def looks_like_jpeg(image_bytes: tf.Tensor) -> tf.Tensor:
@@ -46,6 +55,28 @@ def looks_like_jpeg(image_bytes: tf.Tensor) -> tf.Tensor:
                         EOI_SEARCH_BYTES), tf.uint8)
   has_end = tf.reduce_any((tail[:-1] == 0xFF) & (tail[1:] == 0xD9))
   return (tf.strings.substr(image_bytes, 0, 3) == _START_OF_IMAGE) & has_end
+
+
+def is_progressive_jpeg(data: bytes) -> bool:
+  """Whether JPEG `data` has a progressive frame header (SOF2/6/10/14).
+
+  Walks the marker segments from the start of the image to the first SOFn;
+  False for data that is not a JPEG or has no frame header before a scan.
+  """
+  if not data.startswith(_START_OF_IMAGE):
+    return False
+  i = 2
+  while i + 4 <= len(data) and data[i] == 0xFF:
+    marker = data[i + 1]
+    if marker == 0xFF:  # fill byte before a marker
+      i += 1
+      continue
+    if marker in _SOF_MARKERS:
+      return marker in _PROGRESSIVE_SOF_MARKERS
+    if marker == _START_OF_SCAN:
+      return False
+    i += 2 + int.from_bytes(data[i + 2:i + 4], "big")
+  return False
 
 
 def checked_label(label: tf.Tensor, num_classes: int,

@@ -5,6 +5,7 @@ run.run is called with create_strategy replaced: by a function that fails
 where a check must come before strategy start-up, by 2 CPU replicas where
 training must go on.
 """
+import logging
 import os
 
 from absl import flags
@@ -16,6 +17,7 @@ from conftest import cpu_strategy
 from resnet_tpu import export
 from resnet_tpu import flags as resnet_flags
 from resnet_tpu import input_pipeline
+from resnet_tpu import preflight
 from resnet_tpu import run as run_lib
 from resnet_tpu import trainer as trainer_lib
 from resnet_tpu.config import TrainConfig
@@ -111,6 +113,24 @@ def test_first_label_outside_num_classes_fails_naming_both_flags(
   with pytest.raises(ValueError, match=r"--label_offset=1 .*\[0, "
                      r"--num_classes=10\)"):
     run_lib.run(_config(tmp_path, tmp_path))
+
+
+@pytest.mark.parametrize("progressive", [True, False])
+def test_progressive_training_jpegs_are_named_before_startup(
+    tmp_path, caplog, progressive):
+  image = np.random.default_rng(0).integers(0, 256, (40, 40, 3),
+                                            dtype=np.uint8)
+  jpeg = tf.io.encode_jpeg(image, progressive=progressive).numpy()
+  for split in ("train", "validation"):
+    _write(tmp_path / f"{split}-00000-of-00001",
+           [imagenet_to_gcs_record(1, jpeg)])
+  with caplog.at_level(logging.WARNING):
+    preflight.check_data_dir(_config(tmp_path, tmp_path))
+  warned = "is a progressive JPEG" in caplog.text
+  assert warned == progressive
+  if progressive:
+    assert "train-00000-of-00001" in caplog.text
+    assert "--progressive_to_baseline" in caplog.text
 
 
 def test_model_dir_of_another_network_fails_before_startup(tmp_path,

@@ -33,6 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from data import build_tfrecords
+from resnet_tpu import data_checks
 from resnet_tpu import host_memory
 from resnet_tpu import input_pipeline
 from resnet_tpu import preprocessing
@@ -123,7 +124,7 @@ def describe(jpegs: list[bytes]) -> str:
   sizes = ("x".join(map(str, shapes[0])) if len(shapes) == 1 else
            f"{len(shapes)} sizes, {'x'.join(map(str, shapes[0]))} to "
            f"{'x'.join(map(str, shapes[-1]))}")
-  progressive = sum(map(build_tfrecords.is_progressive_jpeg, jpegs))
+  progressive = sum(map(data_checks.is_progressive_jpeg, jpegs))
   kind = "progressive JPEGs" if progressive == len(jpegs) else "JPEGs"
   mixed = (f", {progressive} progressive" if 0 < progressive < len(jpegs)
            else "")
