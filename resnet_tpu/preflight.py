@@ -44,7 +44,8 @@ def _first_record(files: list[str]) -> tuple[bytes, str] | None:
   return None
 
 
-def _check_example(record: bytes, path: str, cfg: TrainConfig) -> None:
+def _check_example(record: bytes, path: str,
+                   cfg: TrainConfig) -> tf.train.Example:
   try:
     example = tf.train.Example.FromString(record)
   except message.DecodeError as e:
@@ -64,11 +65,11 @@ def _check_example(record: bytes, path: str, cfg: TrainConfig) -> None:
         f"The first record of {path} has image/class/label {list(labels)}; "
         f"after subtracting --label_offset={cfg.label_offset} it must be one "
         f"value in [0, --num_classes={cfg.num_classes}).")
+  return example
 
 
-def _warn_if_progressive(record: bytes, path: str) -> None:
-  image = tf.train.Example.FromString(record).features.feature[
-      "image/encoded"].bytes_list.value
+def _warn_if_progressive(example: tf.train.Example, path: str) -> None:
+  image = example.features.feature["image/encoded"].bytes_list.value
   if image and data_checks.is_progressive_jpeg(image[0]):
     logging.warning(
         "The first record of %s (in --data_dir) is a progressive JPEG: the "
@@ -86,9 +87,9 @@ def check_data_dir(cfg: TrainConfig) -> None:
     if first is None:
       raise ValueError(f"--data_dir={cfg.data_dir!r}: the {len(files)} "
                        f"{split} files hold no records.")
-    _check_example(*first, cfg)
+    example = _check_example(*first, cfg)
     if split == "train":
-      _warn_if_progressive(*first)
+      _warn_if_progressive(example, first[1])
 
 
 def check_model_dir(cfg: TrainConfig) -> None:
