@@ -236,6 +236,13 @@ def test_bench_input_tiny_writes_the_ablation_and_merges_summary(tmp_path):
   assert "| + fused decode-and-crop |" in (tmp_path / "input.md").read_text()
   assert len(result["resize_kernels"]) == 2
   assert all(k["median"] > 0 for k in result["resize_kernels"].values())
+  decodes = result["decode_alone"]
+  assert len(decodes) == 2 and all(d["median"] > 0 for d in decodes.values())
+  assert result["decode_alone_fused_vs_full"] == pytest.approx(
+      decodes["full decode, then slice"]["median"] /
+      decodes["fused decode-and-crop"]["median"])
+  assert "| fused decode-and-crop | " in (tmp_path / "input.md").read_text()
+  assert "decode_alone_fused_vs_full" not in summary
   assert "16 JPEGs of 500x375" in (tmp_path / "input.md").read_text()
 
 
