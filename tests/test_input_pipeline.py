@@ -243,6 +243,11 @@ def test_bench_input_tiny_writes_the_ablation_and_merges_summary(tmp_path):
       decodes["fused decode-and-crop"]["median"])
   assert "| fused decode-and-crop | " in (tmp_path / "input.md").read_text()
   assert "decode_alone_fused_vs_full" not in summary
+  # One repetition: its pair of windows is the median, so the range is the
+  # ratio itself.
+  for key in ("input_full_vs_decode_ceiling", "input_fused_vs_full_decode"):
+    assert result["headline_ranges"][key] == pytest.approx([result[key]] * 2)
+    assert f"{key} {result[key]:.3f} (" in (tmp_path / "input.md").read_text()
   assert "16 JPEGs of 500x375" in (tmp_path / "input.md").read_text()
 
 

@@ -282,12 +282,25 @@ def summarise(runs: dict[str, list[tuple[float, float]]]) -> dict[str, dict]:
   return summary
 
 
+HEADLINES = {"input_full_vs_decode_ceiling": (FULL, CEILING),
+             "input_fused_vs_full_decode": (FUSED, PARALLEL)}
+
+
 def headline_ratios(summary: dict[str, dict]) -> dict[str, float]:
-  median = {name: s["median"] for name, s in summary.items()}
-  return {
-      "input_full_vs_decode_ceiling": median[FULL] / median[CEILING],
-      "input_fused_vs_full_decode": median[FUSED] / median[PARALLEL],
-  }
+  """The two ratios of summary.json: ratios of the variants' medians."""
+  return {key: summary[num]["median"] / summary[den]["median"]
+          for key, (num, den) in HEADLINES.items()}
+
+
+def headline_ranges(summary: dict[str, dict]) -> dict[str, list[float]]:
+  """[min, max] of each headline ratio over the repetitions, each taken
+  between the two variants' windows of one repetition: how far a single
+  pair of windows strays on this machine."""
+  ranges = {}
+  for key, (num, den) in HEADLINES.items():
+    pairs = [a / b for a, b in zip(summary[num]["runs"], summary[den]["runs"])]
+    ranges[key] = [min(pairs), max(pairs)]
+  return ranges
 
 
 def decode_table(decodes: dict[str, dict]) -> str:
@@ -332,6 +345,11 @@ def markdown_table(summary: dict[str, dict], setup: dict) -> str:
     lines.append(f"| {name} | {s['median']:.1f} | {s['min']:.1f}-"
                  f"{s['max']:.1f} | {s['median'] / base:.2f}x | "
                  f"{s['cpu_ms_per_image']:.2f} |")
+  ratios, ranges = headline_ratios(summary), headline_ranges(summary)
+  lines += ["", "Headline ratios of the medians (in brackets, the range of "
+            "the same ratio within each repetition): " + "; ".join(
+                f"{key} {ratios[key]:.3f} ({ranges[key][0]:.3f}-"
+                f"{ranges[key][1]:.3f})" for key in HEADLINES) + "."]
   return "\n".join(lines) + "\n"
 
 
@@ -347,6 +365,7 @@ def write_results(output_dir: str, summary: dict[str, dict], setup: dict,
   with open(os.path.join(output_dir, "input.json"), "w") as f:
     json.dump({"setup": setup, "variants": summary, "decode_alone": decodes,
                "decode_alone_fused_vs_full": decode_ratio,
+               "headline_ranges": headline_ranges(summary),
                "resize_kernels": kernels, **ratios}, f, indent=2)
   with open(os.path.join(output_dir, "input.md"), "w") as f:
     f.write(markdown_table(summary, setup) + "\n" + decode_table(decodes) +
