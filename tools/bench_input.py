@@ -303,29 +303,30 @@ def headline_ranges(summary: dict[str, dict]) -> dict[str, list[float]]:
   return ranges
 
 
-def decode_table(decodes: dict[str, dict]) -> str:
-  full = decodes[DECODE_FULL]["median"]
-  lines = ["The decode alone (preprocessing.decode_and_crop on the same "
-           f"windows, {DECODE_WINDOWS_PER_IMAGE} per image, one at a time):",
-           "",
-           "| decode | CPU ms/image (min-max) | speed vs full decode |",
+def seconds_table(caption: str, row: str, unit: str,
+                  timings: dict[str, dict]) -> str:
+  """A table of seconds per image (shown in ms), each row against the first."""
+  first_name, first = next(iter(timings.items()))
+  lines = [caption, "", f"| {row} | {unit} (min-max) | speed vs {first_name} |",
            "|---|---:|---:|"]
-  for name, d in decodes.items():
-    lines.append(f"| {name} | {d['median'] * 1e3:.3f} ({d['min'] * 1e3:.3f}"
-                 f"-{d['max'] * 1e3:.3f}) | {full / d['median']:.2f}x |")
+  for name, t in timings.items():
+    lines.append(f"| {name} | {t['median'] * 1e3:.3f} ({t['min'] * 1e3:.3f}"
+                 f"-{t['max'] * 1e3:.3f}) | "
+                 f"{first['median'] / t['median']:.2f}x |")
   return "\n".join(lines) + "\n"
+
+
+def decode_table(decodes: dict[str, dict]) -> str:
+  return seconds_table(
+      "The decode alone (preprocessing.decode_and_crop on the same windows, "
+      f"{DECODE_WINDOWS_PER_IMAGE} per image, one at a time):", "decode",
+      "CPU ms/image", decodes)
 
 
 def resize_table(kernels: dict[str, dict], image_size: int) -> str:
-  base = next(iter(kernels.values()))["median"]
-  lines = [f"Bilinear resize of a 318x318 uint8 crop to {image_size} px, "
-           "rounded to uint8 (the pipeline's resize step):", "",
-           "| kernel | ms/image (min-max) | speed vs uint8 kernel |",
-           "|---|---:|---:|"]
-  for name, k in kernels.items():
-    lines.append(f"| {name} | {k['median'] * 1e3:.3f} ({k['min'] * 1e3:.3f}"
-                 f"-{k['max'] * 1e3:.3f}) | {base / k['median']:.2f}x |")
-  return "\n".join(lines) + "\n"
+  return seconds_table(
+      f"Bilinear resize of a 318x318 uint8 crop to {image_size} px, rounded "
+      "to uint8 (the pipeline's resize step):", "kernel", "ms/image", kernels)
 
 
 def markdown_table(summary: dict[str, dict], setup: dict) -> str:
