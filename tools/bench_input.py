@@ -9,9 +9,10 @@ tf.io.decode_jpeg alone on in-memory bytes with the same thread count. A
 second table times the decode alone, fused vs full, on the same windows: the
 fusion's own gain, which the work both paths share dilutes in the pipeline.
 Every pipeline measurement builds a fresh iterator, warms it up for an epoch
-(so that `cache` is full), then counts batches for --seconds. Variants alternate within each repetition; the
-table gives the median and the min-max over repetitions, and the median CPU
-time per image, which other load on a shared machine disturbs far less.
+(so that `cache` is full), then counts batches for --seconds. Variants
+alternate within each repetition; the table gives the median and the min-max
+over repetitions, and the median CPU time per image, which other load on a
+shared machine disturbs far less.
 
   python -m tools.bench_input          # bench_results/input.{json,md}
   python -m tools.bench_input --tiny   # smoke test, < 20 s
