@@ -32,6 +32,7 @@ such as the validation split, reuses it so that both splits share one map.
 """
 import concurrent.futures
 import dataclasses
+import functools
 import os
 import random
 import sys
@@ -219,15 +220,10 @@ def image_example(path: str, jpeg: bytes, height: int, width: int,
   }))
 
 
-@dataclasses.dataclass(frozen=True)
-class _Encoding:
-  progressive_to_baseline: bool
-  quality: int
-
-
 def _write_shard(output_path: str, items: list[tuple[str, str]],
                  labels: dict[str, int], progress: _Progress,
-                 encoding: _Encoding) -> tuple[list[str], int, int]:
+                 progressive_to_baseline: bool,
+                 quality: int) -> tuple[list[str], int, int]:
   """Writes one shard, renamed into place when whole; returns the skipped
   paths and how many progressive JPEGs it stored as they are / re-encoded."""
   skipped, stored, reencoded = [], 0, 0
@@ -238,7 +234,7 @@ def _write_shard(output_path: str, items: list[tuple[str, str]],
         with tf.io.gfile.GFile(path, "rb") as f:
           data = f.read()
         jpeg, height, width = to_rgb_jpeg(
-            data, encoding.progressive_to_baseline, encoding.quality)
+            data, progressive_to_baseline, quality)
       except (tf.errors.OpError, OSError) as error:
         reason = str(error).strip().splitlines()[-1]
         logging.warning("skipping unreadable image %s: %s", path, reason)
@@ -280,11 +276,11 @@ def build(input_dir: str, output_dir: str, split: str, num_shards: int,
                   (i + 1) * len(items) // num_shards]
             for i in range(num_shards)]
   progress = _Progress(len(items), split)
-  encoding = _Encoding(progressive_to_baseline, jpeg_quality)
   with concurrent.futures.ThreadPoolExecutor(num_workers) as pool:
-    shards = list(pool.map(_write_shard, files, chunks,
-                           [labels] * num_shards, [progress] * num_shards,
-                           [encoding] * num_shards))
+    write = functools.partial(
+        _write_shard, labels=labels, progress=progress,
+        progressive_to_baseline=progressive_to_baseline, quality=jpeg_quality)
+    shards = list(pool.map(write, files, chunks))
   skipped = sorted(path for paths, _, _ in shards for path in paths)
   if len(skipped) == len(items):
     raise ValueError(f"none of the {len(items)} images under --input_dir "
