@@ -30,8 +30,7 @@ from keras import ops
 import tensorflow as tf
 
 from resnet_tpu import cpu_kernels
-
-BFLOAT16_CONV_KERNELS = ("auto", "native", "float32")
+from resnet_tpu.config import BFLOAT16_CONV_KERNELS
 
 # /proc/cpuinfo flags of CPUs whose bfloat16 kernels TensorFlow runs natively
 # (x86 AVX512-BF16 and AMX via oneDNN; aarch64 BF16 via oneDNN/ACL).

@@ -48,8 +48,7 @@ class BNStatisticsRecomputer:
   def _accumulate(self, iterator: Iterator, num_batches: tf.Tensor):
     # Traced (once) with the sinks in place, so the BN layers of this graph
     # feed the accumulators; the training step's graph is unaffected.
-    sinks = {id(l): a for l, a in zip(self.layers, self.accumulators)}
-    with collect_statistics(sinks):
+    with collect_statistics(self.layers, self.accumulators):
       for _ in tf.range(num_batches):
         self.strategy.run(self._forward, args=next(iterator))
 

@@ -1,27 +1,41 @@
-"""The one validated, typed training configuration.
+"""The one validated, typed training configuration, and its config.json.
 
 main.py turns absl flags into a `TrainConfig`; library code takes it (or
 explicit arguments) and never reads FLAGS. `validate` runs before any
-strategy start-up, so a bad combination fails in milliseconds.
+strategy start-up, so a bad setting fails in milliseconds with a
+`ConfigError` naming the flag. This module is the leaf of the package: it
+imports nothing of the project (and not TensorFlow) when it loads, so flags
+parse before TensorFlow is imported.
 """
 import dataclasses
 import glob
+import json
 import os
 
-from resnet_tpu.bfloat16_convs import BFLOAT16_CONV_KERNELS
-from resnet_tpu.collectives import BN_ALL_REDUCE
-from resnet_tpu.collectives import GRADIENT_ALL_REDUCE
-from resnet_tpu.collectives import parse_grid
-from resnet_tpu.model import LAYERS, MIN_IMAGE_SIZE
-from resnet_tpu.optimizers import OPTIMIZERS
-from resnet_tpu.schedules import EpochClock
-from resnet_tpu.schedules import parse_batch_size_schedule
-from resnet_tpu.schedules import SCHEDULES
-
+# The choices of the enum flags.
+RESNET_DEPTHS = (18, 34, 50, 101, 152, 200)
 PRECISIONS = ("float32", "bfloat16")
+BFLOAT16_CONV_KERNELS = ("auto", "native", "float32")
 STRATEGIES = ("auto", "tpu", "gpu", "cpu", "multi_worker")
+TPU_DEVICE_ASSIGNMENTS = ("default", "ring")
 BN_STATS = ("moving_average", "recompute")
+BN_ALL_REDUCE = ("auto", "collective", "masked")
+GRADIENT_ALL_REDUCE = ("auto", "ring", "2d")
+OPTIMIZERS = ("momentum", "lars", "rmsprop_warmup")
+SCHEDULES = ("polynomial", "cosine", "step", "slow_start", "constant")
 INPUT_DTYPES = ("uint8", "compute")
+# The network downsamples by 32; below this the last stage sees < 1 pixel.
+MIN_IMAGE_SIZE = 32
+
+CONFIG_FILE = "config.json"
+# The config.json keys that rebuild the network and its inputs.
+MODEL_KEYS = ("resnet_depth", "num_classes", "image_size", "bn_group_size",
+              "bn_momentum", "bn_epsilon", "precision", "label_offset")
+
+
+class ConfigError(ValueError):
+  """A user error in the flags, the data or the model_dir: main.py prints
+  its message without a traceback."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +62,7 @@ class TrainConfig:
   num_cpu_replicas: int = 1
   gradient_all_reduce: str = "auto"
   all_reduce_grid: str = ""
+  tpu_device_assignment: str = "default"
   log_topology: bool = False
   # Schedule of the run.
   global_batch_size: int = 1024
@@ -91,12 +106,15 @@ class TrainConfig:
   input_dtype: str = "uint8"
   # Host.
   keep_host_memory: bool = True
+  collective_timeout_s: float = 0.0
   # Export.
   export_dir: str = ""
 
   @property
-  def clock(self) -> EpochClock:
+  def clock(self) -> "EpochClock":
     """Maps steps to epochs and global batches (batch-size control)."""
+    # pylint: disable-next=g-import-not-at-top (keeps this module a leaf)
+    from resnet_tpu.schedules import EpochClock, parse_batch_size_schedule
     schedule = (parse_batch_size_schedule(self.batch_size_schedule)
                 if self.batch_size_schedule else
                 ((0, self.global_batch_size),))
@@ -126,87 +144,164 @@ class TrainConfig:
     return "uint8" if self.input_dtype == "uint8" else self.compute_dtype
 
 
+@dataclasses.dataclass(frozen=True)
+class Range:
+  """The allowed values of a numeric flag: low <= v (or low < v with
+  low_open), v <= high (or v < high with high_open); None = unbounded."""
+  low: float | None = None
+  high: float | None = None
+  low_open: bool = False
+  high_open: bool = False
+
+  def contains(self, value: float) -> bool:
+    if self.low is not None and (value <= self.low if self.low_open
+                                 else value < self.low):
+      return False
+    return self.high is None or (value < self.high if self.high_open
+                                 else value <= self.high)
+
+  def __str__(self) -> str:
+    low = "" if self.low is None else (
+        f"{'>' if self.low_open else '>='} {self.low:g}")
+    high = "" if self.high is None else (
+        f"{'<' if self.high_open else '<='} {self.high:g}")
+    return " and ".join(p for p in (low, high) if p)
+
+
+_POSITIVE = Range(0, low_open=True)
+_NON_NEGATIVE = Range(0)
+_AT_LEAST_1 = Range(1)
+_FRACTION = Range(0, 1, high_open=True)  # [0, 1)
+
+# Every numeric field of TrainConfig and its range (a test walks them all).
+RANGES: dict[str, Range] = {
+    "num_classes": Range(2),
+    "image_size": Range(MIN_IMAGE_SIZE),
+    "bn_group_size": _AT_LEAST_1,
+    "bn_momentum": _FRACTION,
+    "bn_epsilon": _POSITIVE,
+    "bn_recompute_batches": _AT_LEAST_1,
+    "num_cpu_replicas": _AT_LEAST_1,
+    "global_batch_size": _AT_LEAST_1,
+    "eval_batch_size": _AT_LEAST_1,
+    "train_steps": _NON_NEGATIVE,
+    "train_epochs": _NON_NEGATIVE,
+    "num_train_images": _AT_LEAST_1,
+    "num_eval_images": _NON_NEGATIVE,
+    "steps_per_loop": _AT_LEAST_1,
+    "eval_every_steps": _NON_NEGATIVE,
+    "checkpoint_every_steps": _NON_NEGATIVE,
+    "keep_checkpoints": _AT_LEAST_1,
+    "base_learning_rate": _POSITIVE,
+    "warmup_epochs": _NON_NEGATIVE,
+    "lr_decay_power": _POSITIVE,
+    "momentum": _FRACTION,
+    "lars_eta": _POSITIVE,
+    "lars_epsilon": _NON_NEGATIVE,
+    "rmsprop_learning_rate": _POSITIVE,
+    "rmsprop_warmup_center_epochs": _NON_NEGATIVE,
+    "rmsprop_warmup_period_epochs": _POSITIVE,
+    "label_smoothing": _FRACTION,
+    "weight_decay": _NON_NEGATIVE,
+    "seed": _NON_NEGATIVE,
+    "label_offset": _NON_NEGATIVE,
+    "shuffle_buffer_size": _AT_LEAST_1,
+    "private_threadpool_size": _NON_NEGATIVE,
+    "collective_timeout_s": _NON_NEGATIVE,
+}
+
+# Every enum field of TrainConfig and its choices (flags.py defines them).
+CHOICES: dict[str, tuple] = {
+    "resnet_depth": RESNET_DEPTHS,
+    "precision": PRECISIONS,
+    "bfloat16_conv_kernels": BFLOAT16_CONV_KERNELS,
+    "strategy": STRATEGIES,
+    "tpu_device_assignment": TPU_DEVICE_ASSIGNMENTS,
+    "bn_stats": BN_STATS,
+    "bn_all_reduce": BN_ALL_REDUCE,
+    "gradient_all_reduce": GRADIENT_ALL_REDUCE,
+    "optimizer": OPTIMIZERS,
+    "lr_schedule": SCHEDULES,
+    "input_dtype": INPUT_DTYPES,
+}
+
+
 def _check(ok: bool, message: str) -> None:
   if not ok:
-    raise ValueError(message)
+    raise ConfigError(message)
+
+
+def parse_grid(text: str) -> tuple[int, int] | None:
+  """--all_reduce_grid 'XxY' -> (X, Y); '' -> None (the squarest grid)."""
+  if not text:
+    return None
+  parts = text.lower().split("x")
+  _check(len(parts) == 2 and all(p.isdigit() and int(p) > 0 for p in parts),
+         f"--all_reduce_grid must look like '4x2' (replicas per row x rows), "
+         f"got {text!r}.")
+  return int(parts[0]), int(parts[1])
+
+
+def _check_fields(cfg: TrainConfig) -> None:
+  """Every field against RANGES and CHOICES."""
+  for name, choices in CHOICES.items():
+    value = getattr(cfg, name)
+    _check(value in choices,
+           f"--{name} must be one of {choices}, got {value!r}.")
+  for name, allowed in RANGES.items():
+    value = getattr(cfg, name)
+    _check(allowed.contains(value),
+           f"--{name} must be {allowed}, got {value!r}.")
 
 
 def validate(cfg: TrainConfig, num_replicas: int | None = None) -> None:
-  """Raises ValueError naming the flag for any inconsistent setting.
+  """Raises ConfigError naming the flag for any bad or inconsistent setting.
 
   `num_replicas` is checked when known (it is, for CPU replicas, before the
   strategy starts); TPU/GPU replica counts are checked again after start-up.
   """
+  # pylint: disable-next=g-import-not-at-top (keeps this module a leaf)
+  from resnet_tpu.schedules import parse_batch_size_schedule
   _check(bool(cfg.model_dir), "--model_dir is required.")
-  _check(cfg.resnet_depth in LAYERS,
-         f"--resnet_depth must be one of {sorted(LAYERS)}, "
-         f"got {cfg.resnet_depth}.")
-  _check(cfg.image_size >= MIN_IMAGE_SIZE,
-         f"--image_size={cfg.image_size} is too small: ResNet downsamples by "
-         f"32, so it needs at least {MIN_IMAGE_SIZE}.")
-  _check(cfg.num_classes >= 2, f"--num_classes must be >= 2, "
-         f"got {cfg.num_classes}.")
-  _check(cfg.precision in PRECISIONS,
-         f"--precision must be one of {PRECISIONS}, got {cfg.precision!r}.")
-  _check(cfg.bfloat16_conv_kernels in BFLOAT16_CONV_KERNELS,
-         f"--bfloat16_conv_kernels must be one of {BFLOAT16_CONV_KERNELS}, "
-         f"got {cfg.bfloat16_conv_kernels!r}.")
-  _check(cfg.input_dtype in INPUT_DTYPES,
-         f"--input_dtype must be one of {INPUT_DTYPES}, got "
-         f"{cfg.input_dtype!r}.")
-  _check(cfg.strategy in STRATEGIES,
-         f"--strategy must be one of {STRATEGIES}, got {cfg.strategy!r}.")
-  _check(cfg.num_cpu_replicas >= 1, "--num_cpu_replicas must be >= 1.")
-  _check(cfg.bn_group_size >= 1, "--bn_group_size must be >= 1.")
-  _check(cfg.bn_all_reduce in BN_ALL_REDUCE,
-         f"--bn_all_reduce must be one of {BN_ALL_REDUCE}, "
-         f"got {cfg.bn_all_reduce!r}.")
-  _check(cfg.gradient_all_reduce in GRADIENT_ALL_REDUCE,
-         f"--gradient_all_reduce must be one of {GRADIENT_ALL_REDUCE}, "
-         f"got {cfg.gradient_all_reduce!r}.")
+  _check_fields(cfg)
   parse_grid(cfg.all_reduce_grid)
+  _check(cfg.train_steps > 0 or cfg.train_epochs > 0,
+         "Set --train_steps or --train_epochs (> 0).")
   _check(not (cfg.tpu and cfg.gradient_all_reduce != "auto"),
          "--gradient_all_reduce=ring|2d is for GPU/CPU replicas; on TPU XLA "
          "sums gradients over the torus (use auto).")
-  _check(cfg.bn_stats in BN_STATS,
-         f"--bn_stats must be one of {BN_STATS}, got {cfg.bn_stats!r}.")
-  _check(cfg.bn_recompute_batches >= 1, "--bn_recompute_batches must be >= 1.")
-  _check(cfg.global_batch_size >= 1, "--global_batch_size must be >= 1.")
-  _check(cfg.eval_batch_size >= 1, "--eval_batch_size must be >= 1.")
-  _check(cfg.train_steps > 0 or cfg.train_epochs > 0,
-         "Set --train_steps or --train_epochs (> 0).")
-  _check(cfg.steps_per_loop >= 1, "--steps_per_loop must be >= 1.")
-  _check(0.0 <= cfg.label_smoothing < 1.0,
-         "--label_smoothing must be in [0, 1).")
-  _check(cfg.weight_decay >= 0, "--weight_decay must be >= 0.")
-  _check(cfg.keep_checkpoints >= 1, "--keep_checkpoints must be >= 1.")
-  _check(cfg.optimizer in OPTIMIZERS,
-         f"--optimizer must be one of {OPTIMIZERS}, got {cfg.optimizer!r}.")
-  _check(cfg.lr_schedule in SCHEDULES,
-         f"--lr_schedule must be one of {SCHEDULES}, got {cfg.lr_schedule!r}.")
-  _check(cfg.warmup_epochs >= 0, "--warmup_epochs must be >= 0.")
   _check(not (cfg.skip_nonfinite_steps and cfg.batch_size_schedule),
          "--skip_nonfinite_steps does not support --batch_size_schedule "
          "(gradient accumulation); a NaN/Inf loss there stops training.")
   if cfg.batch_size_schedule:
-    for _, batch in parse_batch_size_schedule(cfg.batch_size_schedule):
+    try:
+      schedule = parse_batch_size_schedule(cfg.batch_size_schedule)
+    except ValueError as e:
+      raise ConfigError(str(e)) from None
+    for _, batch in schedule:
       _check(batch % cfg.global_batch_size == 0,
              f"--batch_size_schedule batch {batch} must be a multiple of "
              f"--global_batch_size={cfg.global_batch_size} (the micro-batch "
              "that is accumulated).")
   if not cfg.use_synthetic_data:
-    _check(bool(cfg.data_dir),
-           "--data_dir is required unless --use_synthetic_data is set.")
-    _check(cfg.data_dir.startswith("gs://") or os.path.isdir(cfg.data_dir),
-           f"--data_dir={cfg.data_dir!r} is not a directory.")
-    if not cfg.data_dir.startswith("gs://"):
-      for split in ("train", "validation"):
-        _check(bool(glob.glob(os.path.join(cfg.data_dir, f"{split}-*"))),
-               f"--data_dir={cfg.data_dir!r} holds no '{split}-*' TFRecord "
-               "files (expected imagenet_to_gcs layout, e.g. "
-               f"{split}-00000-of-00004).")
+    _check_data_dir(cfg.data_dir)
   if num_replicas is not None:
     validate_replicas(cfg, num_replicas)
+
+
+def _check_data_dir(data_dir: str) -> None:
+  _check(bool(data_dir),
+         "--data_dir is required unless --use_synthetic_data is set.")
+  if data_dir.startswith("gs://"):
+    return
+  _check(os.path.isdir(data_dir), f"--data_dir={data_dir!r} is not a "
+         "directory.")
+  for split in ("train", "validation"):
+    _check(bool(glob.glob(os.path.join(data_dir, f"{split}-*"))),
+           f"--data_dir={data_dir!r} holds no '{split}-*' TFRecord files "
+           "(expected imagenet_to_gcs layout, e.g. "
+           f"{split}-00000-of-00004; python -m data.build_tfrecords writes "
+           "it).")
 
 
 def validate_replicas(cfg: TrainConfig, num_replicas: int) -> None:
@@ -221,7 +316,38 @@ def validate_replicas(cfg: TrainConfig, num_replicas: int) -> None:
          f"--bn_group_size={cfg.bn_group_size} must divide the number of "
          f"replicas ({num_replicas}).")
   grid = parse_grid(cfg.all_reduce_grid)
-  if grid and cfg.gradient_all_reduce == "2d":
+  if grid and cfg.gradient_all_reduce != "auto":
     _check(grid[0] * grid[1] == num_replicas,
            f"--all_reduce_grid={cfg.all_reduce_grid} has {grid[0] * grid[1]} "
            f"cells but there are {num_replicas} replicas.")
+
+
+# --- config.json ---------------------------------------------------------------
+
+
+def write_config(cfg: TrainConfig, labels_file: str = "") -> str:
+  """Writes `<model_dir>/config.json`: every TrainConfig field + labels_file.
+
+  The export and evaluation tools rebuild the network from it.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  record = dict(dataclasses.asdict(cfg), labels_file=labels_file)
+  tf.io.gfile.makedirs(cfg.model_dir)
+  path = os.path.join(cfg.model_dir, CONFIG_FILE)
+  with tf.io.gfile.GFile(path, "w") as f:
+    f.write(json.dumps(record, indent=2, sort_keys=True) + "\n")
+  return path
+
+
+def read_config(model_dir: str) -> dict:
+  """The config.json of a run; ConfigError if it is missing or incomplete."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  path = os.path.join(model_dir, CONFIG_FILE)
+  _check(tf.io.gfile.exists(path),
+         f"--model_dir={model_dir!r} has no {CONFIG_FILE}; it is written "
+         "when a training run (main.py) starts.")
+  with tf.io.gfile.GFile(path) as f:
+    record = json.load(f)
+  missing = [k for k in MODEL_KEYS if k not in record]
+  _check(not missing, f"{path} lacks the keys {missing}.")
+  return record

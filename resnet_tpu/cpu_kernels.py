@@ -45,6 +45,6 @@ def cpu_flags() -> frozenset[str]:
 
 def onednn_enabled() -> bool:
   """Whether the TensorFlow loaded in this process runs oneDNN's kernels."""
-  # pylint: disable-next=g-import-not-at-top
-  from tensorflow.python.util import _pywrap_util_port
-  return bool(_pywrap_util_port.IsMklEnabled())
+  # pylint: disable-next=g-import-not-at-top (TensorFlow loads after us)
+  from resnet_tpu import compat
+  return compat.onednn_enabled()

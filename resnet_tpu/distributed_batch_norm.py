@@ -15,34 +15,40 @@ Inference mode uses the moving statistics only, so an exported model holds no
 collective op.
 """
 import contextlib
+from typing import Sequence
 
 import keras
 import tensorflow as tf
 
-from resnet_tpu import collectives
-
-# id(layer) -> variable that accumulates the layer's local [sum, sum of
-# squares, count] while traced inside `collect_statistics` (bn_recompute.py).
-_statistics_sinks: dict[int, tf.Variable] = {}
+from resnet_tpu import bn_all_reduce
 
 
 @contextlib.contextmanager
-def collect_statistics(sinks: dict[int, tf.Variable]):
-  """While tracing under this context, BN layers add their local sums to
-  `sinks[id(layer)]` (Akiba et al.'s recomputed population statistics)."""
-  _statistics_sinks.update(sinks)
+def collect_statistics(layers: Sequence["DistributedBatchNormalization"],
+                       sinks: Sequence[tf.Variable]):
+  """While tracing under this context, each of `layers` adds its local
+  [sum, sum of squares, count] to its sink (Akiba et al.'s recomputed
+  population statistics, bn_recompute.py)."""
+  for layer, sink in zip(layers, sinks):
+    layer.statistics_sink = sink
   try:
     yield
   finally:
-    for key in sinks:
-      _statistics_sinks.pop(key, None)
+    for layer in layers:
+      layer.statistics_sink = None
 
 
 @keras.saving.register_keras_serializable(package="resnet_tpu")
 class DistributedBatchNormalization(keras.layers.BatchNormalization):
   """BatchNormalization whose training statistics span a group of replicas."""
 
-  def __init__(self, group_size: int = 1, **kwargs):
+  def __init__(self, group_size: int = 1, all_reduce: str = "auto",
+               collective_timeout_s: float = 0.0,
+               groups: Sequence[Sequence[int]] | None = None, **kwargs):
+    """group_size: replicas per BN group; all_reduce: --bn_all_reduce;
+    collective_timeout_s: fail a group all-reduce that waits longer (0 =
+    never); groups: the BN groups when they are not the default ranges (the
+    TPU tiles of topology.py)."""
     if group_size < 1:
       raise ValueError(f"group_size must be >= 1, got {group_size}.")
     if kwargs.get("renorm") or kwargs.get("synchronized"):
@@ -50,6 +56,16 @@ class DistributedBatchNormalization(keras.layers.BatchNormalization):
                        "`synchronized`; use group_size instead.")
     super().__init__(**kwargs)
     self.group_size = group_size
+    self.all_reduce = all_reduce
+    self.collective_timeout_s = float(collective_timeout_s)
+    self.groups = [list(g) for g in groups] if groups else None
+    # Set by collect_statistics while bn_recompute traces its pass.
+    self.statistics_sink = None
+
+  def _group_sum(self, x: tf.Tensor) -> tf.Tensor:
+    return bn_all_reduce.group_all_reduce(
+        x, self.group_size, self.all_reduce, self.collective_timeout_s,
+        self.groups)
 
   def build(self, input_shape):
     # Moving statistics are written from every replica; aggregation="mean"
@@ -96,7 +112,7 @@ class DistributedBatchNormalization(keras.layers.BatchNormalization):
     shape = inputs.shape
     return (mask is None and shape.rank == 4
             and self.axis in (-1, 3) and self.scale and self.center
-            and id(self) not in _statistics_sinks
+            and self.statistics_sink is None
             and shape[:-1].is_fully_defined()
             and shape[:-1].num_elements() > 1)
 
@@ -120,13 +136,12 @@ class DistributedBatchNormalization(keras.layers.BatchNormalization):
     passes over the activations.
     """
     x = _fused_kernel_input(inputs)
-    sums = collectives.group_all_reduce(
-        local_sums(x, self._reduction_axes), self.group_size)
+    sums = self._group_sum(local_sums(x, self._reduction_axes))
     mean, variance = moments_from_sums(sums)
     self._update_moving_statistics(mean, variance)
     y = _group_normalize(x, tf.cast(self.gamma, tf.float32),
                          tf.cast(self.beta, tf.float32), mean, variance,
-                         sums[-1], self.epsilon, self.group_size)
+                         sums[-1], self.epsilon, self._group_sum)
     return tf.cast(y, self.compute_dtype)
 
   def _fused_local_call(self, inputs):
@@ -153,11 +168,9 @@ class DistributedBatchNormalization(keras.layers.BatchNormalization):
     if mask is not None:
       raise ValueError("DistributedBatchNormalization does not support masks.")
     local = local_sums(inputs, self._reduction_axes)
-    sink = _statistics_sinks.get(id(self))
-    if sink is not None:
-      sink.assign_add(local)
-    return moments_from_sums(
-        collectives.group_all_reduce(local, self.group_size))
+    if self.statistics_sink is not None:
+      self.statistics_sink.assign_add(local)
+    return moments_from_sums(self._group_sum(local))
 
   def get_config(self):
     config = super().get_config()
@@ -165,7 +178,10 @@ class DistributedBatchNormalization(keras.layers.BatchNormalization):
     config.pop("renorm_clipping", None)
     config.pop("renorm_momentum", None)
     config.pop("synchronized", None)
-    return {**config, "group_size": self.group_size}
+    return {**config, "group_size": self.group_size,
+            "all_reduce": self.all_reduce,
+            "collective_timeout_s": self.collective_timeout_s,
+            "groups": self.groups}
 
 
 def _fused_kernel_input(x: tf.Tensor) -> tf.Tensor:
@@ -177,9 +193,10 @@ def _fused_kernel_input(x: tf.Tensor) -> tf.Tensor:
 
 def _group_normalize(x: tf.Tensor, gamma: tf.Tensor, beta: tf.Tensor,
                      mean: tf.Tensor, variance: tf.Tensor, count: tf.Tensor,
-                     epsilon: float, group_size: int) -> tf.Tensor:
+                     epsilon: float, group_sum) -> tf.Tensor:
   """(x - mean) / sigma * gamma + beta with the group gradient (see
-  DistributedBatchNormalization._fused_group_call).
+  DistributedBatchNormalization._fused_group_call); `group_sum` sums a
+  tensor over the BN group.
 
   mean, variance and count (the group's element count per channel) are
   treated as functions of x through the custom gradient, so they get no
@@ -203,8 +220,7 @@ def _group_normalize(x: tf.Tensor, gamma: tf.Tensor, beta: tf.Tensor,
             y_backprop=dy, x=x, scale=gamma, reserve_space_1=mean,
             reserve_space_2=variance, reserve_space_3=reserve_3,
             epsilon=epsilon, data_format="NHWC", is_training=False)
-        group = collectives.group_all_reduce(tf.concat([dbeta, dgamma], 0),
-                                             group_size)
+        group = group_sum(tf.concat([dbeta, dgamma], 0))
         sum_dy, sum_dy_xhat = tf.split(group, 2)
         inv_sigma = tf.math.rsqrt(variance + epsilon)
         # dx = dx_local - (a * x + b), per-channel a and b.

@@ -1,6 +1,6 @@
 """SavedModel export for serving, free of the collectives of distributed BN.
 
-A run writes `<model_dir>/config.json` when it starts (`write_config`), so the
+A run writes `<model_dir>/config.json` when it starts (config.write_config), so the
 export and evaluation tools need only --model_dir to rebuild the network.
 `export_saved_model` builds that network OUTSIDE any distribution strategy in
 float32 (even after bfloat16 training: the checkpoint variables are float32),
@@ -22,67 +22,46 @@ data_dir of the run had one, `labels_file`: an asset copied from the
 `synsets.txt` of data/build_tfrecords.py (`<class id>\\t<synset>` per line).
 """
 import dataclasses
-import json
 import os
 
 from absl import logging
 import keras
 import tensorflow as tf
 
+from resnet_tpu import config as config_lib
 from resnet_tpu import preprocessing
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.model import build_resnet
-from resnet_tpu.trainer import dtype_policy
+from resnet_tpu.model import build_model
 
-CONFIG_FILE = "config.json"
 # Written by data/build_tfrecords.py next to the TFRecords.
 LABELS_FILE = "synsets.txt"
 TOP_K = 5
-# The config.json keys that rebuild the network and its inputs.
-MODEL_KEYS = ("resnet_depth", "num_classes", "image_size", "bn_group_size",
-              "bn_momentum", "bn_epsilon", "precision", "label_offset")
 
 
-def write_config(cfg: TrainConfig) -> str:
-  """Writes `<model_dir>/config.json`: every TrainConfig field + labels_file.
-
-  `labels_file` is the synsets.txt of cfg.data_dir when it exists, else "".
-  """
-  labels = os.path.join(cfg.data_dir, LABELS_FILE) if cfg.data_dir else ""
-  record = dict(dataclasses.asdict(cfg),
-                labels_file=labels if labels and tf.io.gfile.exists(labels)
-                else "")
-  tf.io.gfile.makedirs(cfg.model_dir)
-  path = os.path.join(cfg.model_dir, CONFIG_FILE)
-  with tf.io.gfile.GFile(path, "w") as f:
-    f.write(json.dumps(record, indent=2, sort_keys=True) + "\n")
-  return path
-
-
-def read_config(model_dir: str) -> dict:
-  """The config.json of a run; ValueError if it is missing or incomplete."""
-  path = os.path.join(model_dir, CONFIG_FILE)
-  if not tf.io.gfile.exists(path):
-    raise ValueError(f"--model_dir={model_dir!r} has no {CONFIG_FILE}; it is "
-                     "written when a training run (main.py) starts.")
-  with tf.io.gfile.GFile(path) as f:
-    record = json.load(f)
-  missing = [k for k in MODEL_KEYS if k not in record]
-  if missing:
-    raise ValueError(f"{path} lacks the keys {missing}.")
-  return record
+def labels_file(data_dir: str) -> str:
+  """The synsets.txt of `data_dir` when it exists, else ""."""
+  path = os.path.join(data_dir, LABELS_FILE) if data_dir else ""
+  return path if path and tf.io.gfile.exists(path) else ""
 
 
 def checkpoint_path(model_dir: str, checkpoint: str = "") -> str:
   """`checkpoint` if given, else the latest checkpoint of `model_dir`."""
   path = checkpoint or tf.train.latest_checkpoint(model_dir)
   if not path:
-    raise ValueError(f"--model_dir={model_dir!r} holds no checkpoint; train "
-                     "first or pass --checkpoint.")
+    raise config_lib.ConfigError(
+        f"--model_dir={model_dir!r} holds no checkpoint; train first or pass "
+        "--checkpoint.")
   if not tf.io.gfile.exists(path + ".index"):
-    raise ValueError(f"--checkpoint={path!r} is not a checkpoint (expected "
-                     f"{path}.index, e.g. {model_dir}/ckpt-100).")
+    raise config_lib.ConfigError(
+        f"--checkpoint={path!r} is not a checkpoint (expected {path}.index, "
+        f"e.g. {model_dir}/ckpt-100).")
   return path
+
+
+def config_from_record(record: dict) -> TrainConfig:
+  """The TrainConfig of a config.json record (fields it lacks: defaults)."""
+  names = {f.name for f in dataclasses.fields(TrainConfig)}
+  return TrainConfig(**{k: v for k, v in record.items() if k in names})
 
 
 def restore_inference_model(config: dict, path: str) -> keras.Model:
@@ -91,17 +70,16 @@ def restore_inference_model(config: dict, path: str) -> keras.Model:
   Built outside any strategy; the optimizer state in the checkpoint is
   ignored, but every model variable must be restored.
   """
-  with dtype_policy("float32"):
-    model = build_resnet(config["resnet_depth"], config["num_classes"],
-                         config["image_size"], config["bn_group_size"],
-                         config["bn_momentum"], config["bn_epsilon"])
+  model = build_model(dataclasses.replace(config_from_record(config),
+                                          precision="float32"))
   try:
     tf.train.Checkpoint(model=model).restore(
         path).expect_partial().assert_existing_objects_matched()
   except (AssertionError, ValueError) as error:
-    raise ValueError(f"checkpoint {path} does not match the ResNet-"
-                     f"{config['resnet_depth']} of {CONFIG_FILE}: "
-                     f"{error}") from error
+    raise config_lib.ConfigError(
+        f"checkpoint {path} does not match the ResNet-"
+        f"{config['resnet_depth']} of {config_lib.CONFIG_FILE}: "
+        f"{error}") from error
   return model
 
 
@@ -159,7 +137,7 @@ class ServingModule(tf.Module):
 def export_saved_model(model_dir: str, export_dir: str,
                        checkpoint: str = "") -> str:
   """Exports the latest (or the named) checkpoint of a run; returns its path."""
-  config = read_config(model_dir)
+  config = config_lib.read_config(model_dir)
   path = checkpoint_path(model_dir, checkpoint)
   module = ServingModule(restore_inference_model(config, path), config)
   tf.saved_model.save(module, export_dir,

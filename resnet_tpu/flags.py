@@ -7,16 +7,10 @@ import dataclasses
 
 from absl import flags
 
-from resnet_tpu.bfloat16_convs import BFLOAT16_CONV_KERNELS
-from resnet_tpu.collectives import BN_ALL_REDUCE
-from resnet_tpu.collectives import GRADIENT_ALL_REDUCE
-from resnet_tpu.config import BN_STATS
-from resnet_tpu.config import INPUT_DTYPES
-from resnet_tpu.config import PRECISIONS
-from resnet_tpu.config import STRATEGIES
+from resnet_tpu.config import CHOICES
+from resnet_tpu.config import OPTIMIZERS
+from resnet_tpu.config import SCHEDULES
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.optimizers import OPTIMIZERS
-from resnet_tpu.schedules import SCHEDULES
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)
              if f.default is not dataclasses.MISSING}
@@ -58,6 +52,12 @@ HELP = {
                            "GPU/CPU only.",
     "all_reduce_grid": "XxY grid for --gradient_all_reduce=2d: X replicas "
                        "per row, Y rows; '' = squarest.",
+    "tpu_device_assignment": "TPU replica placement: default "
+                             "(TensorFlow's own device assignment) or ring "
+                             "(a snake through the torus, BN groups on "
+                             "compact tiles; resnet_tpu/topology.py). "
+                             "Either way BN groups are compact tiles of the "
+                             "placement in use.",
     "log_topology": "Log the TPU replica order and BN tiles at start-up.",
     "global_batch_size": "Images per training step over all replicas (the "
                          "micro-batch when --batch_size_schedule is set).",
@@ -111,17 +111,18 @@ HELP = {
                         "mmap threshold, 512 MB top pad) so CPU training "
                         "steps do not page-fault their buffers in every "
                         "step (resnet_tpu/host_memory.py).",
+    "collective_timeout_s": "Fail a collective (gradient or BN all-reduce, "
+                            "multi-worker) that waits longer than this, so "
+                            "a worker that hangs while alive stops the "
+                            "others (exit 43); 0 = wait forever. Set it "
+                            "well above one host loop's time.",
     "export_dir": "Write a serving SavedModel of the final checkpoint "
                   "here (tools/export_savedmodel.py); empty = no export.",
 }
 
-_ENUMS = {"bn_stats": BN_STATS, "precision": PRECISIONS,
-          "bfloat16_conv_kernels": BFLOAT16_CONV_KERNELS,
-          "input_dtype": INPUT_DTYPES,
-          "bn_all_reduce": BN_ALL_REDUCE,
-          "gradient_all_reduce": GRADIENT_ALL_REDUCE,
-          "strategy": STRATEGIES,
-          "optimizer": OPTIMIZERS, "lr_schedule": SCHEDULES}
+# String choices become enum flags (resnet_depth stays an integer flag).
+_ENUMS = {name: choices for name, choices in CHOICES.items()
+          if all(isinstance(c, str) for c in choices)}
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:

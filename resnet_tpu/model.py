@@ -13,11 +13,18 @@ policy convs and activations run in bfloat16 (on CPUs without bfloat16
 arithmetic, through float32 kernels: resnet_tpu/bfloat16_convs.py); BN
 statistics and the logits stay in float32.
 """
+import contextlib
 import functools
+from typing import Sequence
 
+from absl import logging
 import keras
 
+from resnet_tpu import bfloat16_convs
+
 from resnet_tpu.bfloat16_convs import Conv2D
+from resnet_tpu.config import MIN_IMAGE_SIZE
+from resnet_tpu.config import TrainConfig
 from resnet_tpu.distributed_batch_norm import DistributedBatchNormalization
 
 # ImageNet channel statistics on the 0..255 scale.
@@ -33,8 +40,6 @@ LAYERS = {
     152: ("bottleneck", (3, 8, 36, 3)),
     200: ("bottleneck", (3, 24, 36, 3)),
 }
-# The network downsamples by 32; below this the last stage sees < 1 pixel.
-MIN_IMAGE_SIZE = 32
 
 
 def _conv(x, filters: int, kernel: int, strides: int, name: str,
@@ -51,10 +56,11 @@ def _conv(x, filters: int, kernel: int, strides: int, name: str,
       float32_kernels=float32_kernels, name=name)(x)
 
 
-def _bn(x, group_size: int, name: str, zero_gamma: bool = False,
-        momentum: float = 0.9, epsilon: float = 1e-5):
+def _bn(x, group_size: int, name: str, zero_gamma: bool = False, **bn_args):
+  """bn_args: momentum, epsilon, all_reduce, collective_timeout_s, groups
+  (DistributedBatchNormalization)."""
   return DistributedBatchNormalization(
-      group_size=group_size, momentum=momentum, epsilon=epsilon,
+      group_size=group_size, **bn_args,
       gamma_initializer="zeros" if zero_gamma else "ones", name=name)(x)
 
 
@@ -115,7 +121,10 @@ def build_resnet(depth: int = 50, num_classes: int = 1000,
                  image_size: int = 224, bn_group_size: int = 1,
                  bn_momentum: float = 0.9, bn_epsilon: float = 1e-5,
                  stride_in_3x3: bool = True,
-                 float32_kernels: bool = False) -> keras.Model:
+                 float32_kernels: bool = False, bn_all_reduce: str = "auto",
+                 collective_timeout_s: float = 0.0,
+                 bn_groups: Sequence[Sequence[int]] | None = None
+                 ) -> keras.Model:
   """ResNet v1.5 of `depth` taking raw 0..255 RGB images, returning logits.
 
   The dtype policy in force (keras.mixed_precision) decides the compute
@@ -124,6 +133,8 @@ def build_resnet(depth: int = 50, num_classes: int = 1000,
   (ResNet v1, keras.applications' layout): only tools/bench_train.py uses
   it, to compare with Keras at equal FLOPs. float32_kernels=True runs the
   bfloat16 convs on float32 kernels (resnet_tpu/bfloat16_convs.py).
+  bn_all_reduce, collective_timeout_s and bn_groups configure the BN groups'
+  all-reduce (bn_all_reduce.py).
   """
   if depth not in LAYERS:
     raise ValueError(f"--resnet_depth must be one of {sorted(LAYERS)}, "
@@ -137,7 +148,10 @@ def build_resnet(depth: int = 50, num_classes: int = 1000,
                               float32_kernels=float32_kernels)
   else:
     block = functools.partial(basic_block, float32_kernels=float32_kernels)
-  bn_args = {"momentum": bn_momentum, "epsilon": bn_epsilon}
+  bn_args = {"momentum": bn_momentum, "epsilon": bn_epsilon,
+             "all_reduce": bn_all_reduce,
+             "collective_timeout_s": collective_timeout_s,
+             "groups": bn_groups}
 
   inputs = keras.Input((image_size, image_size, 3), name="images")
   x = keras.layers.Normalization(
@@ -158,3 +172,41 @@ def build_resnet(depth: int = 50, num_classes: int = 1000,
       name="logits")(x)
   version = "v1_5" if stride_in_3x3 else "v1"
   return keras.Model(inputs, logits, name=f"resnet{depth}_{version}")
+
+
+@contextlib.contextmanager
+def dtype_policy(precision: str):
+  """Keras dtype policy for building the model: mixed_bfloat16 or float32."""
+  previous = keras.config.dtype_policy()
+  keras.config.set_dtype_policy(
+      "mixed_bfloat16" if precision == "bfloat16" else "float32")
+  try:
+    yield
+  finally:
+    keras.config.set_dtype_policy(previous)
+
+
+def build_model(cfg: TrainConfig,
+                bn_groups: Sequence[Sequence[int]] | None = None
+                ) -> keras.Model:
+  """The ResNet of `cfg` in the precision of `cfg`: the one mapping from a
+  config to the network (training, export and benchmarks use it).
+
+  Under a strategy scope, --bfloat16_conv_kernels=auto resolves for the
+  strategy's devices (bfloat16_convs.py). `bn_groups`: the BN groups of a
+  TPU placement (topology.py); None = replicas [k*g, (k+1)*g).
+  """
+  float32_kernels = False
+  if cfg.precision == "bfloat16":
+    float32_kernels = bfloat16_convs.use_float32_kernels(
+        cfg.bfloat16_conv_kernels, bfloat16_convs.model_device_types())
+    logging.info("bfloat16 convs run on %s kernels (--bfloat16_conv_kernels"
+                 "=%s)", "float32" if float32_kernels else "native bfloat16",
+                 cfg.bfloat16_conv_kernels)
+  with dtype_policy(cfg.precision):
+    return build_resnet(cfg.resnet_depth, cfg.num_classes, cfg.image_size,
+                        cfg.bn_group_size, cfg.bn_momentum, cfg.bn_epsilon,
+                        float32_kernels=float32_kernels,
+                        bn_all_reduce=cfg.bn_all_reduce,
+                        collective_timeout_s=cfg.collective_timeout_s,
+                        bn_groups=bn_groups)

@@ -13,12 +13,15 @@ from typing import Optional, Sequence
 from absl import logging
 import keras
 
-from resnet_tpu import collectives
+from resnet_tpu import gradient_all_reduce as gradient_all_reduce_lib
+from resnet_tpu.config import OPTIMIZERS
+from resnet_tpu.config import parse_grid
+from resnet_tpu.config import TrainConfig
 from resnet_tpu.lars import DEFAULT_EXCLUDE, LARS
 from resnet_tpu.rmsprop_warmup import RMSpropWarmup, SgdShareSchedule
 from resnet_tpu.schedules import EpochClock
+from resnet_tpu.schedules import EpochSchedule
 
-OPTIMIZERS = ("momentum", "lars", "rmsprop_warmup")
 
 
 def _check_name(name: str) -> None:
@@ -60,7 +63,8 @@ def build_optimizer(
     rmsprop_epsilon: float = 1e-8, rmsprop_warmup_center_epochs: float = 10.0,
     rmsprop_warmup_period_epochs: float = 5.0,
     clock: Optional[EpochClock] = None, gradient_all_reduce: str = "auto",
-    all_reduce_grid: Optional[tuple[int, int]] = None
+    all_reduce_grid: Optional[tuple[int, int]] = None,
+    collective_timeout_s: float = 0.0
 ) -> keras.optimizers.Optimizer:
   """Builds the optimizer `name`; call it under the strategy scope.
 
@@ -78,8 +82,10 @@ def build_optimizer(
       SGD share reaches 0.5, and twice the epochs from there to pure SGD.
     clock: maps steps to epochs; required by rmsprop_warmup.
     gradient_all_reduce, all_reduce_grid: how gradients are summed across
-      replicas (collectives.use_gradient_all_reduce): auto, ring or 2d
+      replicas (gradient_all_reduce.use_gradient_all_reduce): auto, ring or 2d
       over an (X, Y) grid (None: the squarest).
+    collective_timeout_s: fail an explicit gradient all-reduce that waits
+      longer (0 = never).
   """
   _check_name(name)
   if name == "momentum":
@@ -96,5 +102,27 @@ def build_optimizer(
         rmsprop_epsilon, rmsprop_warmup_center_epochs,
         rmsprop_warmup_period_epochs, clock)
   logging.info("Optimizer %s: %s", name, optimizer.get_config())
-  return collectives.use_gradient_all_reduce(optimizer, gradient_all_reduce,
-                                             all_reduce_grid)
+  return gradient_all_reduce_lib.use_gradient_all_reduce(
+      optimizer, gradient_all_reduce, all_reduce_grid, collective_timeout_s)
+
+
+def build_optimizer_from_config(cfg: TrainConfig
+                                ) -> keras.optimizers.Optimizer:
+  """The optimizer of `cfg` with its epoch-based LR schedule (call it under
+  the strategy scope)."""
+  clock = cfg.clock
+  learning_rate = EpochSchedule(
+      cfg.base_learning_rate, images_per_epoch=cfg.num_train_images,
+      batch_size_schedule=clock.batch_size_schedule,
+      train_epochs=cfg.total_train_epochs, warmup_epochs=cfg.warmup_epochs,
+      decay=cfg.lr_schedule, decay_power=cfg.lr_decay_power)
+  return build_optimizer(
+      cfg.optimizer, learning_rate, momentum=cfg.momentum,
+      nesterov=cfg.nesterov, weight_decay=cfg.weight_decay,
+      lars_eta=cfg.lars_eta, lars_epsilon=cfg.lars_epsilon,
+      rmsprop_learning_rate=cfg.rmsprop_learning_rate,
+      rmsprop_warmup_center_epochs=cfg.rmsprop_warmup_center_epochs,
+      rmsprop_warmup_period_epochs=cfg.rmsprop_warmup_period_epochs,
+      clock=clock, gradient_all_reduce=cfg.gradient_all_reduce,
+      all_reduce_grid=parse_grid(cfg.all_reduce_grid),
+      collective_timeout_s=cfg.collective_timeout_s)

@@ -12,7 +12,7 @@ here the data and the model_dir are opened:
   (data_checks.py). A progressive JPEG in the first training record is
   logged as a warning: the fused decode-and-crop saves nothing on it.
 * `check_model_dir`: a model_dir that already holds checkpoints must have
-  been written by the same network (its config.json, export.write_config).
+  been written by the same network (its config.json, config.write_config).
 """
 import json
 import os
@@ -22,8 +22,9 @@ import tensorflow as tf
 from google.protobuf import message
 
 from resnet_tpu import data_checks
-from resnet_tpu import export
 from resnet_tpu import input_pipeline
+from resnet_tpu.config import CONFIG_FILE
+from resnet_tpu.config import ConfigError
 from resnet_tpu.config import TrainConfig
 
 # config.json keys that decide which variables a checkpoint holds.
@@ -37,7 +38,7 @@ def _first_record(files: list[str]) -> tuple[bytes, str] | None:
       for record in tf.data.TFRecordDataset(path).take(1):
         return record.numpy(), path
     except tf.errors.DataLossError as e:
-      raise ValueError(
+      raise ConfigError(
           f"{path} (in --data_dir) is not a TFRecord file: "
           f"{e.message.split(' [Op:')[0]}. Expected the imagenet_to_gcs "
           "format written by data/build_tfrecords.py.") from e
@@ -49,19 +50,19 @@ def _check_example(record: bytes, path: str,
   try:
     example = tf.train.Example.FromString(record)
   except message.DecodeError as e:
-    raise ValueError(f"The first record of {path} (in --data_dir) is not a "
+    raise ConfigError(f"The first record of {path} (in --data_dir) is not a "
                      f"tf.train.Example: {e}.") from e
   features = example.features.feature
   missing = sorted(set(input_pipeline.FEATURES) - set(features))
   if missing:
-    raise ValueError(
+    raise ConfigError(
         f"The first record of {path} (in --data_dir) lacks the features "
         f"{missing}; it has {sorted(features)}. Expected "
         f"{sorted(input_pipeline.FEATURES)} (imagenet_to_gcs format).")
   labels = features["image/class/label"].int64_list.value
   if len(labels) != 1 or not 0 <= labels[0] - cfg.label_offset < (
       cfg.num_classes):
-    raise ValueError(
+    raise ConfigError(
         f"The first record of {path} has image/class/label {list(labels)}; "
         f"after subtracting --label_offset={cfg.label_offset} it must be one "
         f"value in [0, --num_classes={cfg.num_classes}).")
@@ -80,12 +81,12 @@ def _warn_if_progressive(example: tf.train.Example, path: str) -> None:
 
 
 def check_data_dir(cfg: TrainConfig) -> None:
-  """Raises ValueError naming the file when the data cannot be trained on."""
+  """Raises ConfigError naming the file when the data cannot be trained on."""
   for split in input_pipeline.SPLITS:
     files = input_pipeline.split_files(cfg.data_dir, split)
     first = _first_record(files)
     if first is None:
-      raise ValueError(f"--data_dir={cfg.data_dir!r}: the {len(files)} "
+      raise ConfigError(f"--data_dir={cfg.data_dir!r}: the {len(files)} "
                        f"{split} files hold no records.")
     example = _check_example(*first, cfg)
     if split == "train":
@@ -93,11 +94,11 @@ def check_data_dir(cfg: TrainConfig) -> None:
 
 
 def check_model_dir(cfg: TrainConfig) -> None:
-  """Raises ValueError if model_dir has checkpoints of another network.
+  """Raises ConfigError if model_dir has checkpoints of another network.
 
   Must run before this run writes its own config.json.
   """
-  path = os.path.join(cfg.model_dir, export.CONFIG_FILE)
+  path = os.path.join(cfg.model_dir, CONFIG_FILE)
   if not (tf.train.latest_checkpoint(cfg.model_dir) and
           tf.io.gfile.exists(path)):
     return
@@ -107,7 +108,7 @@ def check_model_dir(cfg: TrainConfig) -> None:
             for key in CHECKPOINT_KEYS
             if key in found and found[key] != getattr(cfg, key)]
   if differ:
-    raise ValueError(
+    raise ConfigError(
         f"--model_dir={cfg.model_dir!r} holds checkpoints of another "
         f"network ({'; '.join(differ)}). Use a new --model_dir to start "
         "over, or the same flags to resume.")

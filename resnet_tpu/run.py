@@ -6,9 +6,9 @@ notebook call it directly.
 from absl import logging
 import tensorflow as tf
 
-from resnet_tpu import collectives
 from resnet_tpu import config as config_lib
 from resnet_tpu import cpu_kernels
+from resnet_tpu import device_check
 from resnet_tpu import export
 from resnet_tpu import host_memory
 from resnet_tpu import input_pipeline
@@ -17,6 +17,8 @@ from resnet_tpu.config import TrainConfig
 from resnet_tpu.strategy import configure_cpu_replicas
 from resnet_tpu.strategy import create_strategy
 from resnet_tpu.strategy import resolve_kind
+from resnet_tpu.trainer import LoopCallback
+from resnet_tpu.trainer import ModelFn
 from resnet_tpu.trainer import Trainer
 
 
@@ -42,14 +44,19 @@ def num_eval_examples(cfg: TrainConfig) -> int:
       cfg.data_dir, "validation")
 
 
-def run(cfg: TrainConfig) -> dict:
+def run(cfg: TrainConfig, model_fn: ModelFn | None = None,
+        loop_callback: LoopCallback | None = None) -> dict:
   """Validates `cfg`, trains, evaluates and exports; returns the last eval.
 
-  Writes <model_dir>/config.json first (export.write_config) and, when
+  Writes <model_dir>/config.json first (config.write_config) and, when
   cfg.export_dir is set, a SavedModel of the final checkpoint last.
+  model_fn and loop_callback: see Trainer (tests and tools train other
+  networks or watch the loops through them).
   """
-  cpu = resolve_kind(cfg.strategy, cfg.tpu) == "cpu"
+  kind = resolve_kind(cfg.strategy, cfg.tpu)
+  cpu = kind == "cpu"
   config_lib.validate(cfg, cfg.num_cpu_replicas if cpu else None)
+  device_check.require_accelerator(kind)
   if cpu:
     # Virtual devices must exist before anything (the pre-flight reads
     # below) starts TensorFlow's runtime.
@@ -58,10 +65,11 @@ def run(cfg: TrainConfig) -> dict:
   if not cfg.use_synthetic_data:
     preflight.check_data_dir(cfg)
   tf.keras.utils.set_random_seed(cfg.seed)
-  collectives.set_options(bn_all_reduce=cfg.bn_all_reduce)
   strategy = create_strategy(cfg.strategy, cfg.tpu, cfg.num_cpu_replicas,
                              bn_group_size=cfg.bn_group_size,
-                             log_topology=cfg.log_topology)
+                             log_topology=cfg.log_topology,
+                             collective_timeout_s=cfg.collective_timeout_s)
+  device_check.log_start_up(strategy)
   if cfg.keep_host_memory:  # after the runtime's devices are set up
     host_memory.keep_freed_memory()
   logging.info("TensorFlow's oneDNN CPU kernels: %s (%s=0/1 chooses; "
@@ -69,9 +77,10 @@ def run(cfg: TrainConfig) -> dict:
                "on" if cpu_kernels.onednn_enabled() else "off",
                cpu_kernels.ONEDNN_ENV)
   config_lib.validate_replicas(cfg, strategy.num_replicas_in_sync)
-  trainer = Trainer(cfg, strategy)
+  trainer = Trainer(cfg, strategy, model_fn=model_fn,
+                    loop_callback=loop_callback)
   if trainer.chief:
-    export.write_config(cfg)
+    config_lib.write_config(cfg, export.labels_file(cfg.data_dir))
   result = train(cfg, trainer)
   if cfg.export_dir and trainer.chief:
     export.export_saved_model(cfg.model_dir, cfg.export_dir)

@@ -20,9 +20,10 @@ from typing import Sequence
 import keras
 from keras import ops
 
+from resnet_tpu.config import SCHEDULES
+
 BatchSizeSchedule = tuple[tuple[int, int], ...]
 
-SCHEDULES = ("polynomial", "cosine", "step", "slow_start", "constant")
 
 # Goyal et al. 2017: x0.1 at epochs 30, 60 and 80.
 STEP_BOUNDARIES = (30.0, 60.0, 80.0)

@@ -51,11 +51,15 @@ def resolve_kind(kind: str, tpu: str) -> str:
 
 def create_strategy(kind: str = "auto", tpu: str = "",
                     num_cpu_replicas: int = 1, bn_group_size: int = 1,
-                    log_topology: bool = False) -> tf.distribute.Strategy:
+                    log_topology: bool = False,
+                    collective_timeout_s: float = 0.0
+                    ) -> tf.distribute.Strategy:
   """Builds the strategy for `--strategy`/`--tpu`/`--num_cpu_replicas`.
 
   On TPU, `bn_group_size` shapes the device assignment (topology.py) and
-  `log_topology` logs the replica layout.
+  `log_topology` logs the replica layout. `collective_timeout_s` bounds
+  every multi-worker collective (0 = none): a worker that hangs while alive
+  then stops the others instead of blocking them forever.
   """
   kind = resolve_kind(kind, tpu)
   if kind == "tpu":
@@ -69,7 +73,9 @@ def create_strategy(kind: str = "auto", tpu: str = "",
     if "TF_CONFIG" not in os.environ:
       raise ValueError("--strategy=multi_worker needs the TF_CONFIG "
                        "environment variable (cluster and task).")
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        communication_options=tf.distribute.experimental.CommunicationOptions(
+            timeout_seconds=collective_timeout_s or None))
   elif kind == "cpu":
     strategy = tf.distribute.MirroredStrategy(
         configure_cpu_replicas(num_cpu_replicas))

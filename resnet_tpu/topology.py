@@ -29,7 +29,7 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
-from resnet_tpu import collectives
+from resnet_tpu import bn_all_reduce
 
 Chip = tuple[int, int, int]
 Core = tuple[int, int, int, int]
@@ -55,7 +55,7 @@ class SliceLayout:
   @property
   def groups(self) -> list[list[int]]:
     """The CrossReplicaSum group_assignment of the BN groups."""
-    return collectives.group_assignment(self.num_replicas, self.group_size)
+    return bn_all_reduce.group_assignment(self.num_replicas, self.group_size)
 
 
 def simulated_topology(name: str) -> tf.tpu.experimental.Topology:

@@ -10,6 +10,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Before TensorFlow loads, as in main.py: the CPU kernels users run.
 import resnet_tpu  # noqa: E402,F401
 import tensorflow as tf  # noqa: E402
+from resnet_tpu import compat  # noqa: E402
 
 NUM_VIRTUAL_CPUS = 8
 
@@ -22,6 +23,6 @@ def cpu_strategy(num_replicas: int) -> tf.distribute.MirroredStrategy:
   """MirroredStrategy over the first `num_replicas` virtual CPUs."""
   # Each strategy numbers its collectives from the same base key; shift it
   # (as TF's strategy_combinations does) so two strategies never collide.
-  tf.distribute.MirroredStrategy._collective_key_base += 100000
+  compat.shift_collective_keys(tf.distribute.MirroredStrategy, 100000)
   return tf.distribute.MirroredStrategy(
       [f"/cpu:{i}" for i in range(num_replicas)])

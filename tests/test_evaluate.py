@@ -16,6 +16,7 @@ from resnet_tpu import export
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.metrics_log import read_metrics
 from resnet_tpu.run import run
+from resnet_tpu import compat
 from tools import evaluate
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -38,7 +39,7 @@ def trained(tmp_path_factory):
   build(str(root / "images" / "validation"), data_dir, "validation", 2)
   # Each strategy numbers its collectives from one base; keep them apart
   # from other tests' strategies (as conftest.cpu_strategy does).
-  tf.distribute.MirroredStrategy._collective_key_base += 100000
+  compat.shift_collective_keys(tf.distribute.MirroredStrategy, 100000)
   cfg = TrainConfig(
       model_dir=str(root / "model"), data_dir=data_dir, resnet_depth=18,
       num_classes=CLASSES, image_size=32, strategy="cpu", num_cpu_replicas=2,

@@ -25,6 +25,7 @@ from resnet_tpu import flags as resnet_flags
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.metrics_log import read_metrics
 from resnet_tpu.run import run
+from resnet_tpu import compat
 
 FLAGS_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "flags")
 FLAGFILES = sorted(glob.glob(os.path.join(FLAGS_DIR, "*.cfg")))
@@ -117,7 +118,7 @@ def train_toy(tmp_path_factory):
           toy, model_dir=str(tmp_path_factory.mktemp("toy_run")))
       # A fresh MirroredStrategy per run in one process: shift its collective
       # keys, as conftest.cpu_strategy does, so runs never share an instance.
-      tf.distribute.MirroredStrategy._collective_key_base += 100000
+      compat.shift_collective_keys(tf.distribute.MirroredStrategy, 100000)
       run(cfg)
       trained[toy] = [r for r in read_metrics(cfg.model_dir)
                       if r["split"] == "train"]

@@ -29,9 +29,8 @@ def _config(tmp_path, **overrides) -> TrainConfig:
   return TrainConfig(**values)
 
 
-@pytest.fixture(autouse=True)
-def _tiny_model(monkeypatch):
-  monkeypatch.setattr(trainer_lib, "build_model", tiny_resnet)
+def _trainer(cfg, strategy, model_fn=tiny_resnet) -> trainer_lib.Trainer:
+  return trainer_lib.Trainer(cfg, strategy, model_fn=model_fn)
 
 
 def _examples(n, seed=0):
@@ -62,15 +61,15 @@ def _copy_weights(src, dst):
 def _run_steps(trainer, dataset_fn, steps, loop=None):
   iterator = iter(trainer.strategy.distribute_datasets_from_function(
       dataset_fn))
-  loop = loop or trainer.train_loop
+  loop = loop or trainer.loops.train
   return loop(iterator, tf.constant(steps))
 
 
 def test_one_step_on_8_replicas_equals_one_device_with_global_batch(tmp_path):
   images, labels = _examples(16)
-  one = trainer_lib.Trainer(_config(tmp_path / "a", bn_group_size=1),
+  one = _trainer(_config(tmp_path / "a", bn_group_size=1),
                             cpu_strategy(1))
-  eight = trainer_lib.Trainer(_config(tmp_path / "b", bn_group_size=8),
+  eight = _trainer(_config(tmp_path / "b", bn_group_size=8),
                               cpu_strategy(8))
   _copy_weights(one, eight)
   before = _weights(one)
@@ -85,42 +84,38 @@ def test_one_step_on_8_replicas_equals_one_device_with_global_batch(tmp_path):
 
 def test_loop_returns_loss_and_accuracy_over_all_replicas(tmp_path):
   images, labels = _examples(16)
-  trainer = trainer_lib.Trainer(_config(tmp_path, bn_group_size=2),
+  trainer = _trainer(_config(tmp_path, bn_group_size=2),
                                 cpu_strategy(4))
-  sums = _run_steps(trainer, _train_fn(images, labels, 16), 2).numpy()
-  assert sums[3] == 32  # examples of 2 steps x 16
-  assert 0 <= sums[1] <= sums[2] <= 32  # top-1 hits <= top-5 hits
-  assert np.log(CLASSES) * 0.5 < sums[0] / 32 < np.log(CLASSES) * 2
+  sums = _run_steps(trainer, _train_fn(images, labels, 16), 2).steps
+  assert sums.examples == 32  # examples of 2 steps x 16
+  assert 0 <= sums.top1 <= sums.top5 <= 32  # top-1 hits <= top-5 hits
+  assert np.log(CLASSES) * 0.5 < sums.loss / 32 < np.log(CLASSES) * 2
 
 
-def _freeze_bn(build_model):
-  def frozen(cfg):
-    model = build_model(cfg)
+def _frozen_bn_tiny_resnet(cfg):
+    model = tiny_resnet(cfg)
     for layer in model.layers:
       if isinstance(layer, DistributedBatchNormalization):
         layer.trainable = False
     return model
-  return frozen
 
 
 def test_accumulating_k_micro_batches_equals_one_k_times_larger_step(
-    tmp_path, monkeypatch):
-  monkeypatch.setattr(trainer_lib, "build_model",
-                      _freeze_bn(trainer_lib.build_model))
+    tmp_path):
   images, labels = _examples(32)
-  strategy = cpu_strategy(2)
-  big = trainer_lib.Trainer(_config(tmp_path / "a", global_batch_size=32),
-                            strategy)
-  micro = trainer_lib.Trainer(
+  big = _trainer(_config(tmp_path / "a", global_batch_size=32),
+                 cpu_strategy(2), _frozen_bn_tiny_resnet)
+  micro = _trainer(
       _config(tmp_path / "b", global_batch_size=16,
-              batch_size_schedule="0:32"), cpu_strategy(2))
+              batch_size_schedule="0:32"), cpu_strategy(2),
+      _frozen_bn_tiny_resnet)
   _copy_weights(big, micro)
   before = _weights(big)
   assert micro.accumulation_steps(0) == 2
   _run_steps(big, _train_fn(images, labels, 32), 1)
   iterator = iter(micro.strategy.distribute_datasets_from_function(
       _train_fn(images, labels, 16)))
-  micro.accumulating_train_loop(iterator, tf.constant(1), tf.constant(2))
+  micro.loops.accumulating_train(iterator, tf.constant(1), tf.constant(2))
   assert micro.step == 1
   for b, wb, wm in zip(before, _weights(big), _weights(micro)):
     np.testing.assert_allclose(wm, wb, rtol=2e-4, atol=2e-5)
@@ -130,16 +125,16 @@ def test_accumulating_k_micro_batches_equals_one_k_times_larger_step(
 def test_resume_continues_from_saved_step_with_identical_weights(tmp_path):
   images, labels = _examples(32)
   cfg = _config(tmp_path, train_steps=2, steps_per_loop=1)
-  first = trainer_lib.Trainer(cfg, cpu_strategy(2))
+  first = _trainer(cfg, cpu_strategy(2))
   first.fit(_train_fn(images, labels, 16))
   saved = _weights(first)
-  resumed = trainer_lib.Trainer(cfg, cpu_strategy(2))
+  resumed = _trainer(cfg, cpu_strategy(2))
   assert resumed.restore() == 2
   for a, b in zip(saved, _weights(resumed)):
     np.testing.assert_array_equal(a, b)
   for a, b in zip(first.optimizer.variables, resumed.optimizer.variables):
     np.testing.assert_array_equal(a.numpy(), b.numpy())
-  longer = trainer_lib.Trainer(_config(tmp_path, train_steps=3),
+  longer = _trainer(_config(tmp_path, train_steps=3),
                                cpu_strategy(2))
   longer.fit(_train_fn(images, labels, 16))
   assert longer.step == 3
@@ -159,7 +154,7 @@ def test_metrics_log_has_train_and_eval_lines_counting_every_example(
         (images, labels, mask)).batch(batch)
 
   cfg = _config(tmp_path, train_steps=2, steps_per_loop=1, eval_every_steps=1)
-  trainer = trainer_lib.Trainer(cfg, cpu_strategy(2))
+  trainer = _trainer(cfg, cpu_strategy(2))
   last = trainer.fit(_train_fn(images, labels, 16), eval_fn, eval_steps=2)
   with open(tmp_path / "metrics.jsonl") as f:
     records = [json.loads(line) for line in f]
@@ -170,3 +165,23 @@ def test_metrics_log_has_train_and_eval_lines_counting_every_example(
              if r["split"] == "eval")
   assert last == records[-1]
   assert os.listdir(tmp_path / "train") and os.listdir(tmp_path / "eval")
+
+
+def test_evaluate_without_fit_scores_the_restored_checkpoint_as_fit_did(
+    tmp_path):
+  images, labels = _examples(32)
+
+  def eval_fn(ctx):
+    batch = ctx.get_per_replica_batch_size(16)
+    return tf.data.Dataset.from_tensor_slices(
+        (images, labels, np.ones(32, np.float32))).batch(batch)
+
+  cfg = _config(tmp_path, train_steps=2)
+  last = _trainer(cfg, cpu_strategy(2)).fit(_train_fn(images, labels, 16),
+                                            eval_fn, eval_steps=2)
+  fresh = _trainer(cfg, cpu_strategy(2))
+  assert fresh.restore() == 2
+  again = fresh.evaluate(eval_fn, eval_steps=2)
+  assert again["step"] == last["step"] == 2
+  for key in ("loss", "top1", "top5", "examples"):
+    assert again[key] == pytest.approx(last[key], rel=1e-6), key

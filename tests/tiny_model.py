@@ -15,7 +15,9 @@ def tiny_resnet(cfg: TrainConfig) -> keras.Model:
   inputs = keras.Input((cfg.image_size, cfg.image_size, 3))
   x = keras.layers.Rescaling(1 / 255)(inputs)
   x = keras.layers.Conv2D(8, 3, strides=2, use_bias=False)(x)
-  x = DistributedBatchNormalization(group_size=cfg.bn_group_size)(x)
+  x = DistributedBatchNormalization(
+      group_size=cfg.bn_group_size, all_reduce=cfg.bn_all_reduce,
+      collective_timeout_s=cfg.collective_timeout_s)(x)
   x = keras.layers.ReLU()(x)
   x = keras.layers.GlobalAveragePooling2D()(x)
   return keras.Model(inputs, keras.layers.Dense(cfg.num_classes)(x))
