@@ -3,13 +3,14 @@
 All strategies share one interface for the rest of the code: the trainer only
 sees `strategy.num_replicas_in_sync`, `strategy.scope()`, `strategy.run`.
 """
+import dataclasses
 import json
 import os
 
 from absl import logging
 import tensorflow as tf
 
-from resnet_tpu import topology
+from resnet_tpu import tpu_layout
 
 
 def configure_cpu_replicas(num_replicas: int) -> list[str]:
@@ -25,15 +26,25 @@ def configure_cpu_replicas(num_replicas: int) -> list[str]:
   return [f"/cpu:{i}" for i in range(num_replicas)]
 
 
-def _tpu_strategy(tpu: str, bn_group_size: int,
-                  log_topology: bool) -> tf.distribute.Strategy:
+@dataclasses.dataclass(frozen=True)
+class TpuSetup:
+  """A TPUStrategy and the CrossReplicaSum groups of its distributed BN."""
+  strategy: tf.distribute.TPUStrategy
+  bn_groups: list[list[int]]
+
+
+def _tpu_strategy(tpu: str, bn_group_size: int, log_topology: bool,
+                  device_assignment_kind: str = "default") -> TpuSetup:
   resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
   tf.config.experimental_connect_to_cluster(resolver)
   slice_topology = tf.tpu.experimental.initialize_tpu_system(resolver)
-  # Replicas in a snake through the torus, BN groups on compact tiles.
-  return tf.distribute.TPUStrategy(
-      resolver, experimental_device_assignment=topology.tpu_device_assignment(
-          slice_topology, bn_group_size, log_topology))
+  assignment, layout = tpu_layout.tpu_device_assignment(
+      slice_topology, device_assignment_kind, bn_group_size, log_topology)
+  strategy = tf.distribute.TPUStrategy(
+      resolver, experimental_device_assignment=assignment)
+  tpu_layout.check_replica_devices(slice_topology, layout,
+                                   strategy.extended.worker_devices)
+  return TpuSetup(strategy, layout.group_assignment)
 
 
 def resolve_kind(kind: str, tpu: str) -> str:
@@ -51,15 +62,19 @@ def resolve_kind(kind: str, tpu: str) -> str:
 
 def create_strategy(kind: str = "auto", tpu: str = "",
                     num_cpu_replicas: int = 1, bn_group_size: int = 1,
-                    log_topology: bool = False) -> tf.distribute.Strategy:
+                    log_topology: bool = False,
+                    tpu_device_assignment: str = "default"
+                    ) -> tf.distribute.Strategy:
   """Builds the strategy for `--strategy`/`--tpu`/`--num_cpu_replicas`.
 
-  On TPU, `bn_group_size` shapes the device assignment (topology.py) and
-  `log_topology` logs the replica layout.
+  On TPU, `tpu_device_assignment` is TensorFlow's own ("default") or the
+  torus ring, `bn_group_size` shapes the BN tiles and `log_topology` logs
+  the replica layout (tpu_layout.py).
   """
   kind = resolve_kind(kind, tpu)
   if kind == "tpu":
-    strategy = _tpu_strategy(tpu or "local", bn_group_size, log_topology)
+    strategy = _tpu_strategy(tpu or "local", bn_group_size, log_topology,
+                             tpu_device_assignment).strategy
   elif kind == "gpu":
     gpus = tf.config.list_logical_devices("GPU")
     if not gpus:
