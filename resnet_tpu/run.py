@@ -65,10 +65,12 @@ def run(cfg: TrainConfig, model_fn: ModelFn | None = None,
   if not cfg.use_synthetic_data:
     preflight.check_data_dir(cfg)
   tf.keras.utils.set_random_seed(cfg.seed)
-  strategy = create_strategy(cfg.strategy, cfg.tpu, cfg.num_cpu_replicas,
-                             bn_group_size=cfg.bn_group_size,
-                             log_topology=cfg.log_topology,
-                             collective_timeout_s=cfg.collective_timeout_s)
+  distribution = create_strategy(
+      cfg.strategy, cfg.tpu, cfg.num_cpu_replicas,
+      bn_group_size=cfg.bn_group_size, log_topology=cfg.log_topology,
+      tpu_device_assignment=cfg.tpu_device_assignment,
+      collective_timeout_s=cfg.collective_timeout_s)
+  strategy = distribution.strategy
   device_check.log_start_up(strategy)
   if cfg.keep_host_memory:  # after the runtime's devices are set up
     host_memory.keep_freed_memory()
@@ -78,6 +80,7 @@ def run(cfg: TrainConfig, model_fn: ModelFn | None = None,
                cpu_kernels.ONEDNN_ENV)
   config_lib.validate_replicas(cfg, strategy.num_replicas_in_sync)
   trainer = Trainer(cfg, strategy, model_fn=model_fn,
+                    bn_groups=distribution.bn_groups,
                     loop_callback=loop_callback)
   if trainer.chief:
     config_lib.write_config(cfg, export.labels_file(cfg.data_dir))

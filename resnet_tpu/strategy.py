@@ -3,13 +3,15 @@
 All strategies share one interface for the rest of the code: the trainer only
 sees `strategy.num_replicas_in_sync`, `strategy.scope()`, `strategy.run`.
 """
+import dataclasses
 import json
 import os
 
 from absl import logging
 import tensorflow as tf
 
-from resnet_tpu import topology
+from resnet_tpu import tpu_layout
+from resnet_tpu.config import ConfigError
 
 
 def configure_cpu_replicas(num_replicas: int) -> list[str]:
@@ -25,15 +27,27 @@ def configure_cpu_replicas(num_replicas: int) -> list[str]:
   return [f"/cpu:{i}" for i in range(num_replicas)]
 
 
-def _tpu_strategy(tpu: str, bn_group_size: int,
-                  log_topology: bool) -> tf.distribute.Strategy:
+@dataclasses.dataclass(frozen=True)
+class Distribution:
+  """A strategy and the groups of its distributed BN: on TPU the compact
+  tiles of its placement (tpu_layout.py), elsewhere None (replicas
+  [k*g, (k+1)*g))."""
+  strategy: tf.distribute.Strategy
+  bn_groups: list[list[int]] | None = None
+
+
+def _tpu_strategy(tpu: str, bn_group_size: int, log_topology: bool,
+                  device_assignment_kind: str = "default") -> Distribution:
   resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
   tf.config.experimental_connect_to_cluster(resolver)
   slice_topology = tf.tpu.experimental.initialize_tpu_system(resolver)
-  # Replicas in a snake through the torus, BN groups on compact tiles.
-  return tf.distribute.TPUStrategy(
-      resolver, experimental_device_assignment=topology.tpu_device_assignment(
-          slice_topology, bn_group_size, log_topology))
+  assignment, layout = tpu_layout.tpu_device_assignment(
+      slice_topology, device_assignment_kind, bn_group_size, log_topology)
+  strategy = tf.distribute.TPUStrategy(
+      resolver, experimental_device_assignment=assignment)
+  tpu_layout.check_replica_devices(slice_topology, layout,
+                                   strategy.extended.worker_devices)
+  return Distribution(strategy, layout.group_assignment)
 
 
 def resolve_kind(kind: str, tpu: str) -> str:
@@ -52,26 +66,30 @@ def resolve_kind(kind: str, tpu: str) -> str:
 def create_strategy(kind: str = "auto", tpu: str = "",
                     num_cpu_replicas: int = 1, bn_group_size: int = 1,
                     log_topology: bool = False,
-                    collective_timeout_s: float = 0.0
-                    ) -> tf.distribute.Strategy:
+                    tpu_device_assignment: str = "default",
+                    collective_timeout_s: float = 0.0) -> Distribution:
   """Builds the strategy for `--strategy`/`--tpu`/`--num_cpu_replicas`.
 
-  On TPU, `bn_group_size` shapes the device assignment (topology.py) and
-  `log_topology` logs the replica layout. `collective_timeout_s` bounds
-  every multi-worker collective (0 = none): a worker that hangs while alive
-  then stops the others instead of blocking them forever.
+  On TPU, `tpu_device_assignment` is TensorFlow's own ("default") or the
+  torus ring, `bn_group_size` shapes the BN tiles and `log_topology` logs
+  the replica layout (tpu_layout.py). `collective_timeout_s` bounds every
+  multi-worker collective (0 = none): a worker that hangs while alive then
+  stops the others instead of blocking them forever.
   """
   kind = resolve_kind(kind, tpu)
   if kind == "tpu":
-    strategy = _tpu_strategy(tpu or "local", bn_group_size, log_topology)
-  elif kind == "gpu":
+    distribution = _tpu_strategy(tpu or "local", bn_group_size, log_topology,
+                                 tpu_device_assignment)
+    _log(distribution.strategy, kind)
+    return distribution
+  if kind == "gpu":
     gpus = tf.config.list_logical_devices("GPU")
     if not gpus:
-      raise ValueError("--strategy=gpu but TensorFlow sees no GPU.")
+      raise ConfigError("--strategy=gpu but TensorFlow sees no GPU.")
     strategy = tf.distribute.MirroredStrategy([d.name for d in gpus])
   elif kind == "multi_worker":
     if "TF_CONFIG" not in os.environ:
-      raise ValueError("--strategy=multi_worker needs the TF_CONFIG "
+      raise ConfigError("--strategy=multi_worker needs the TF_CONFIG "
                        "environment variable (cluster and task).")
     strategy = tf.distribute.MultiWorkerMirroredStrategy(
         communication_options=tf.distribute.experimental.CommunicationOptions(
@@ -81,8 +99,12 @@ def create_strategy(kind: str = "auto", tpu: str = "",
         configure_cpu_replicas(num_cpu_replicas))
   else:
     raise ValueError(f"Unknown --strategy={kind!r}.")
+  _log(strategy, kind)
+  return Distribution(strategy)
+
+
+def _log(strategy: tf.distribute.Strategy, kind: str) -> None:
   logging.info("Strategy %s with %d replicas%s", type(strategy).__name__,
                strategy.num_replicas_in_sync,
                f" (TF_CONFIG task {json.loads(os.environ['TF_CONFIG'])['task']})"
                if kind == "multi_worker" else "")
-  return strategy

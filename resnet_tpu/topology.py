@@ -1,61 +1,34 @@
-"""TPU slice layout: replica ring order and BN group tiles (Ying et al. §3.1).
+"""TPU slice geometry: chip meshes, host boxes, BN tiles, a torus ring.
 
 A TPU slice is a mesh of chips (a 2-D torus on v2/v3, 3-D on v4) with one or
 two TensorCores per chip as TensorFlow sees them; each host drives a box of
-chips (2x2x1 on v2, v3 and v4). TPUStrategy's `experimental_device_assignment`
-decides which core runs logical replica r. `slice_layout` chooses it so that
+chips (2x2x1 on v2, v3 and v4). Ying et al. §3.1 sums the distributed-BN
+statistics over a small group of replicas; `tile_shape` gives the most
+compact box of chips for such a group (the cores of one chip first, then a
+box of neighbouring chips on one host, then a box of whole hosts), so that
+its CrossReplicaSum stays on the shortest links, as the MLPerf TPU SSD
+distributed BN's physical_shape / tile_shape group assignment does.
 
-  * consecutive replicas are neighbours (the same chip, or chips one link
-    apart): the replica order is a snake through the mesh, a ring for 1-D
-    collectives (§3.3);
-  * each distributed-BN group, replicas [k*g, (k+1)*g), is a compact tile:
-    the cores of one chip first, then a box of neighbouring chips on one
-    host, then a box of whole hosts. Its CrossReplicaSum stays on the
-    shortest links, as the MLPerf TPU SSD distributed BN's physical_shape /
-    tile_shape group assignment does.
-
-The order snakes over the grid of tiles and, inside each tile, snakes over
-its chips from the chip next to where the previous tile ended. Everything
-here is plain Python on topology coordinates, so it is tested on CPU with
-`simulated_topology`; `tpu_device_assignment` is the only TPU call site.
+`ring_chip_order` is the opt-in torus ring: a snake over the grid of tiles
+and, inside each tile, over its chips from the chip next to where the
+previous tile ended, so consecutive replicas are neighbours (§3.3) and the
+BN groups [k*g, (k+1)*g) are tiles. tpu_layout.py places replicas with it
+or with TensorFlow's own assignment. Everything here is plain Python on
+topology coordinates, tested on CPU with `simulated_topology`.
 """
-import dataclasses
 import itertools
 import math
 import re
 from typing import Sequence
 
-from absl import logging
 import numpy as np
 import tensorflow as tf
-
-from resnet_tpu import bn_all_reduce
 
 Chip = tuple[int, int, int]
 Core = tuple[int, int, int, int]
 # Chips per host on v2, v3 and v4 slices (a 2x2 board).
 HOST_BOX: Chip = (2, 2, 1)
 _SLICE_NAME = re.compile(r"v([234])-(\d+)$")
-
-
-@dataclasses.dataclass(frozen=True)
-class SliceLayout:
-  """Where each replica runs and which chips each BN group covers."""
-  mesh: Chip                        # chips along x, y, z
-  cores_per_chip: int
-  host_box: Chip                    # chips of one host along x, y, z
-  group_size: int
-  tile: Chip                        # chips of one BN group along x, y, z
-  replica_cores: tuple[Core, ...]   # (x, y, z, core) of replica r
-
-  @property
-  def num_replicas(self) -> int:
-    return len(self.replica_cores)
-
-  @property
-  def groups(self) -> list[list[int]]:
-    """The CrossReplicaSum group_assignment of the BN groups."""
-    return bn_all_reduce.group_assignment(self.num_replicas, self.group_size)
 
 
 def simulated_topology(name: str) -> tf.tpu.experimental.Topology:
@@ -113,23 +86,7 @@ def _divide(mesh: Sequence[int], box: Sequence[int]) -> Chip:
   return tuple(m // b for m, b in zip(mesh, box))
 
 
-# --- layout -------------------------------------------------------------------
-
-
-def slice_layout(topology: tf.tpu.experimental.Topology,
-                 group_size: int) -> SliceLayout:
-  """Replica order and BN tiles for `topology`, one core per replica."""
-  mesh = tuple(int(m) for m in topology.mesh_shape[:3])
-  cores_per_chip = int(topology.mesh_shape[3])
-  host_box = _host_box(topology)
-  tile = _tile_shape(mesh, cores_per_chip, host_box, group_size)
-  replica_cores = tuple(chip + (core,) for chip in _chip_order(mesh, tile)
-                        for core in range(cores_per_chip))
-  return SliceLayout(mesh, cores_per_chip, host_box, group_size, tile,
-                     replica_cores)
-
-
-def _host_box(topology: tf.tpu.experimental.Topology) -> Chip:
+def host_box_of(topology: tf.tpu.experimental.Topology) -> Chip:
   """The box of chips every host drives; ValueError if hosts are not boxes."""
   boxes = set()
   for task_coordinates in topology.device_coordinates:
@@ -146,14 +103,16 @@ def _host_box(topology: tf.tpu.experimental.Topology) -> Chip:
   return boxes.pop()
 
 
-def _tile_shape(mesh: Chip, cores_per_chip: int, host_box: Chip,
-                group_size: int) -> Chip:
+def tile_shape(mesh: Chip, cores_per_chip: int, host_box: Chip,
+               group_size: int) -> Chip:
   """The most compact box of chips holding one BN group.
 
   Groups of at most one host's cores tile the host box; larger groups are
-  boxes of whole hosts. Ties prefer tiles long along x, the snake's fast
+  boxes of whole hosts. Ties prefer tiles long along x, the ring's fast
   axis.
   """
+  if group_size < 1:
+    raise ValueError(f"--bn_group_size={group_size} must be at least 1.")
   if group_size <= cores_per_chip:
     if cores_per_chip % group_size:
       raise ValueError(f"--bn_group_size={group_size} must divide the "
@@ -169,8 +128,8 @@ def _tile_shape(mesh: Chip, cores_per_chip: int, host_box: Chip,
                 _fits_hosts(box, host_box, within_host)]
   if not candidates:
     raise ValueError(
-        f"--bn_group_size={group_size} cannot tile a {_shape(mesh)} slice "
-        f"with {cores_per_chip} cores per chip and {_shape(host_box)} chips "
+        f"--bn_group_size={group_size} cannot tile a {box_text(mesh)} slice "
+        f"with {cores_per_chip} cores per chip and {box_text(host_box)} chips "
         "per host: use a power of two up to the replica count.")
   return min(candidates, key=lambda box: (sum(box), box[::-1]))
 
@@ -215,7 +174,7 @@ def _adjacent(a: Chip, b: Chip) -> bool:
   return sum(abs(x - y) for x, y in zip(a, b)) == 1
 
 
-def _chip_order(mesh: Chip, tile: Chip) -> list[Chip]:
+def ring_chip_order(mesh: Chip, tile: Chip) -> list[Chip]:
   """All chips, tile after tile, each step one link (depth-first search)."""
   origins = [tuple(c * t for c, t in zip(cell, tile))
              for cell in _snake(_divide(mesh, tile))]
@@ -249,8 +208,8 @@ def _chip_order(mesh: Chip, tile: Chip) -> list[Chip]:
     else:
       i += 1
   if i < 0:
-    raise ValueError(f"No neighbour-to-neighbour order of {_shape(mesh)} "
-                     f"chips in tiles of {_shape(tile)}.")
+    raise ValueError(f"No neighbour-to-neighbour order of {box_text(mesh)} "
+                     f"chips in tiles of {box_text(tile)}.")
   return [chip for i, c in enumerate(choices) for chip in placed(i, c)]
 
 
@@ -259,48 +218,5 @@ def _neighbours(chip: Chip) -> list[Chip]:
           for axis in range(3) for d in (-1, 1)]
 
 
-# --- TPU and logging ------------------------------------------------------
-
-
-def device_assignment(topology: tf.tpu.experimental.Topology,
-                      layout: SliceLayout
-                      ) -> tf.tpu.experimental.DeviceAssignment:
-  """The DeviceAssignment of `layout`: logical replica r on its core."""
-  cores = np.array(layout.replica_cores, np.int32)
-  return tf.tpu.experimental.DeviceAssignment(
-      topology, cores.reshape(layout.num_replicas, 1, 4))
-
-
-def tpu_device_assignment(topology: tf.tpu.experimental.Topology,
-                          group_size: int, log_topology: bool = False
-                          ) -> tf.tpu.experimental.DeviceAssignment:
-  """For TPUStrategy(experimental_device_assignment=...) at start-up."""
-  layout = slice_layout(topology, group_size)
-  if log_topology:
-    for line in format_layout(layout).splitlines():
-      logging.info("%s", line)
-  return device_assignment(topology, layout)
-
-
-def _shape(box: Sequence[int]) -> str:
+def box_text(box: Sequence[int]) -> str:
   return "x".join(str(int(b)) for b in box)
-
-
-def format_layout(layout: SliceLayout) -> str:
-  """The replica on each core, chip by chip, with its BN group in brackets."""
-  g = layout.group_size
-  lines = [f"TPU slice {_shape(layout.mesh)} chips x {layout.cores_per_chip} "
-           f"cores = {layout.num_replicas} replicas; hosts of "
-           f"{_shape(layout.host_box)} chips; BN groups of {g} replicas on "
-           f"tiles of {_shape(layout.tile)} chips."]
-  at = {core: r for r, core in enumerate(layout.replica_cores)}
-  x_size, y_size, z_size = layout.mesh
-  for z in range(z_size):
-    lines.append(f"z={z}: replicas[BN group] per chip, x across, y down")
-    for y in range(y_size):
-      cells = []
-      for x in range(x_size):
-        replicas = [at[(x, y, z, c)] for c in range(layout.cores_per_chip)]
-        cells.append(",".join(map(str, replicas)) + f"[{replicas[0] // g}]")
-      lines.append(" ".join(cell.rjust(12) for cell in cells))
-  return "\n".join(lines)

@@ -157,3 +157,26 @@ def test_tpu_path_is_cross_replica_sum_with_groups_and_its_own_gradient():
   for op in sums:
     assignment = tf.get_static_value(op.inputs[1])
     np.testing.assert_array_equal(assignment, groups)
+
+
+@pytest.mark.parametrize("implementation", ["collective", "masked"])
+def test_explicit_groups_of_a_tpu_placement_sum_over_their_members(
+    implementation):
+  """Under TensorFlow's default TPU placement a BN tile holds replicas
+  that are not consecutive (tpu_layout.py): both backends follow `groups`."""
+  groups = [[0, 2, 5, 7], [1, 3, 4, 6]]
+  strategy = cpu_strategy(REPLICAS)
+  x = np.random.default_rng(3).normal(size=(REPLICAS, 4)).astype(np.float32)
+
+  @tf.function
+  def step():
+    def replica_fn():
+      r = tf.distribute.get_replica_context().replica_id_in_sync_group
+      return bn_all_reduce.group_all_reduce(tf.gather(x, r), 4,
+                                            implementation, TIMEOUT_S, groups)
+    return strategy.run(replica_fn)
+
+  want = np.empty_like(x)
+  for members in groups:
+    want[members] = x[members].sum(axis=0)
+  np.testing.assert_allclose(_per_replica(strategy, step()), want, rtol=1e-6)

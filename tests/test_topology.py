@@ -1,4 +1,5 @@
-"""TPU slice layout (Ying et al. §3.1, §3.3) on simulated v2/v3/v4 slices."""
+"""TPU replica placement and BN tiles (Ying §3.1) on simulated slices."""
+import collections
 import itertools
 import math
 
@@ -7,7 +8,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from resnet_tpu import bn_all_reduce
+from resnet_tpu import strategy as strategy_lib
 from resnet_tpu import topology
+from resnet_tpu.config import TPU_DEVICE_ASSIGNMENTS
+from resnet_tpu import tpu_layout
 
 SLICES = ("v3-8", "v3-32", "v3-128", "v3-1024", "v4-32")
 # (slice, group size) for every power-of-two group up to 64 replicas.
@@ -30,6 +35,12 @@ def _minimal_tile_sides(mesh, chips: int) -> int:
       *(range(1, m + 1) for m in mesh)) if math.prod(box) == chips)
 
 
+def _tensorflow_device(topo, replica: int) -> str:
+  """Where TPUStrategy without a device assignment runs `replica`."""
+  k = topo.num_tpus_per_task
+  return f"/job:worker/replica:0/task:{replica // k}/device:TPU:{replica % k}"
+
+
 @pytest.mark.parametrize("name,expected_mesh,cores_per_chip", [
     ("v3-8", (2, 2, 1), 2), ("v3-32", (4, 4, 1), 2),
     ("v3-128", (8, 8, 1), 2), ("v3-1024", (16, 32, 1), 2),
@@ -44,72 +55,194 @@ def test_simulated_slices_have_the_published_chip_meshes(
       itertools.product(*(range(m) for m in topo.mesh_shape)))
 
 
+@pytest.mark.parametrize("assignment", TPU_DEVICE_ASSIGNMENTS)
 @pytest.mark.parametrize("name,group_size", CASES)
-def test_device_assignment_is_a_neighbour_ring_with_compact_bn_tiles(
-    name, group_size):
+def test_bn_groups_are_compact_tiles_on_every_simulated_slice(
+    name, group_size, assignment):
   topo = topology.simulated_topology(name)
-  layout = topology.slice_layout(topo, group_size)
-  cores = list(layout.replica_cores)
-
-  # A permutation: every core exactly once.
+  layout = tpu_layout.slice_layout(topo, group_size, assignment)
+  cores = layout.replica_cores
   assert sorted(cores) == sorted(_all_cores(topo))
-  # Consecutive replicas: the same chip or chips one link apart.
-  for a, b in zip(cores, cores[1:]):
-    assert sum(abs(p - q) for p, q in zip(a[:3], b[:3])) <= 1, (a, b)
+  # The groups partition the replicas into groups of group_size.
+  assert sorted(r for g in layout.groups for r in g) == list(
+      range(layout.num_replicas))
+  assert {len(g) for g in layout.groups} == {group_size}
 
   cores_per_host = topo.num_tpus_per_task
   chips = max(1, group_size // layout.cores_per_chip)
   for group in layout.groups:
     members = [cores[r] for r in group]
-    hosts = {_host(topo, core) for core in members}
-    assert len(hosts) == max(1, group_size // cores_per_host)
-    # The group's chips fill their bounding box (no holes) ...
+    # Inside one host, or whole hosts: every core of each host it touches.
+    per_host = collections.Counter(_host(topo, core) for core in members)
+    if group_size <= cores_per_host:
+      assert len(per_host) == 1
+    else:
+      assert set(per_host.values()) == {cores_per_host}
+    # The group's chips fill a box of the tile shape (no holes) ...
     group_chips = {core[:3] for core in members}
-    box = [max(c[a] for c in group_chips) - min(c[a] for c in group_chips) + 1
-           for a in range(3)]
+    box = tuple(max(c[a] for c in group_chips) -
+                min(c[a] for c in group_chips) + 1 for a in range(3))
     assert len(group_chips) == chips == math.prod(box)
+    assert box == layout.tile
     # ... and the box is as compact as any box of that many chips.
     assert sum(box) == _minimal_tile_sides(layout.mesh, chips)
 
-  assignment = topology.device_assignment(topo, layout)
+
+@pytest.mark.parametrize("name,group_size", CASES)
+def test_ring_assignment_is_a_neighbour_ring_with_contiguous_bn_groups(
+    name, group_size):
+  topo = topology.simulated_topology(name)
+  assignment, layout = tpu_layout.tpu_device_assignment(topo, "ring",
+                                                        group_size)
+  cores = layout.replica_cores
+  # Consecutive replicas: the same chip or chips one link apart.
+  for a, b in zip(cores, cores[1:]):
+    assert sum(abs(p - q) for p, q in zip(a[:3], b[:3])) <= 1, (a, b)
+  assert layout.group_assignment == bn_all_reduce.group_assignment(
+      len(cores), group_size)
+  # TPUStrategy gets this explicit assignment, replica r on core r.
   assert assignment.num_replicas == len(cores)
-  for r in (0, len(cores) - 1):
-    assert tuple(int(v) for v in assignment.coordinates(r, 0)) == cores[r]
+  np.testing.assert_array_equal(assignment.core_assignment[:, 0, :], cores)
 
 
-def test_groups_are_contiguous_replica_ranges_for_cross_replica_sum():
-  layout = topology.slice_layout(topology.simulated_topology("v3-32"), 8)
-  assert layout.groups == [list(range(k, k + 8)) for k in range(0, 32, 8)]
+@pytest.mark.parametrize("name", SLICES)
+def test_default_assignment_is_tensorflows_own_task_by_task_order(name):
+  topo = topology.simulated_topology(name)
+  assignment, layout = tpu_layout.tpu_device_assignment(topo, "default", 4)
+  # None: TPUStrategy takes its own path, which runs replica r on TPU
+  # device r % k of task r // k (k devices per task).
+  assert assignment is None
+  k = topo.num_tpus_per_task
+  for replica, core in enumerate(layout.replica_cores):
+    assert _host(topo, core) == replica // k
+    assert topo.tpu_device_ordinal_at_coordinates(core) == replica % k
+  tpu_layout.check_replica_devices(
+      topo, layout, [_tensorflow_device(topo, r)
+                     for r in range(layout.num_replicas)])
 
 
-def test_layout_log_shows_every_replica_and_its_group(monkeypatch):
+def test_device_assignment_build_is_not_tensorflows_default():
+  """Why `default` is not DeviceAssignment.build: a row-major order."""
+  topo = topology.simulated_topology("v3-32")
+  built = tf.tpu.experimental.DeviceAssignment.build(topo, num_replicas=32)
+  assert [tuple(built.coordinates(r, 0)) for r in range(4)] == [
+      (0, 0, 0, 0), (0, 0, 0, 1), (1, 0, 0, 0), (1, 0, 0, 1)]
+  assert tuple(built.coordinates(4, 0)) == (2, 0, 0, 0)  # the next host
+  assert tpu_layout.default_replica_cores(topo)[4] == (0, 1, 0, 0)
+
+
+def test_default_assignment_groups_of_four_hosts_are_2x2_blocks_of_tasks():
+  # v3-128: 8x8 chips, a 4x4 grid of hosts numbered x fastest. A group of
+  # 32 replicas is a 4x4-chip tile: hosts 0, 1, 4 and 5, not 0..3.
+  layout = tpu_layout.slice_layout(topology.simulated_topology("v3-128"), 32)
+  assert layout.tile == (4, 4, 1)
+  assert layout.group_assignment[0] == list(range(16)) + list(range(32, 48))
+  assert layout.group_assignment[1] == list(range(16, 32)) + list(
+      range(48, 64))
+
+
+@pytest.mark.parametrize("assignment", TPU_DEVICE_ASSIGNMENTS)
+def test_bn_groups_read_a_device_assignment_or_core_coordinates(assignment):
+  topo = topology.simulated_topology("v3-32")
+  layout = tpu_layout.slice_layout(topo, 8, assignment)
+  explicit = tpu_layout.device_assignment(topo, layout)
+  assert tpu_layout.bn_groups(explicit, topo, 8) == layout.group_assignment
+  assert tpu_layout.bn_groups(layout.replica_cores, topo,
+                              8) == layout.group_assignment
+  with pytest.raises(ValueError, match="cores of the TPU slice"):
+    tpu_layout.bn_groups(layout.replica_cores[:16], topo, 8)
+
+
+@pytest.mark.parametrize("assignment", TPU_DEVICE_ASSIGNMENTS)
+def test_replica_device_check_refuses_devices_that_break_the_groups(
+    assignment):
+  topo = topology.simulated_topology("v3-32")
+  layout = tpu_layout.slice_layout(topo, 4, assignment)
+  explicit = tpu_layout.device_assignment(topo, layout)
+  names = [explicit.tpu_device(r, job="worker")
+           for r in range(layout.num_replicas)]
+  tpu_layout.check_replica_devices(topo, layout, names)
+  names[1], names[2] = names[2], names[1]
+  with pytest.raises(ValueError,
+                     match=f"replica 1 .*--tpu_device_assignment={assignment}"):
+    tpu_layout.check_replica_devices(topo, layout, names)
+
+
+class _FakeTPUStrategy:
+  """TPUStrategy's device list: its own order, or the assignment's."""
+
+  def __init__(self, topo, experimental_device_assignment):
+    self.device_assignment = experimental_device_assignment
+    n = topo.num_tasks * topo.num_tpus_per_task
+    names = [experimental_device_assignment.tpu_device(r, job="worker")
+             if experimental_device_assignment else _tensorflow_device(topo, r)
+             for r in range(n)]
+    self.extended = type("Extended", (), {"worker_devices": tuple(names)})
+
+
+@pytest.mark.parametrize("assignment", TPU_DEVICE_ASSIGNMENTS)
+def test_tpu_strategy_uses_the_assignment_and_returns_its_bn_groups(
+    monkeypatch, assignment):
+  topo = topology.simulated_topology("v3-128")
+  monkeypatch.setattr(tf.distribute.cluster_resolver, "TPUClusterResolver",
+                      lambda tpu: "resolver")
+  monkeypatch.setattr(tf.config, "experimental_connect_to_cluster",
+                      lambda resolver: None)
+  monkeypatch.setattr(tf.tpu.experimental, "initialize_tpu_system",
+                      lambda resolver: topo)
+  monkeypatch.setattr(tf.distribute, "TPUStrategy",
+                      lambda resolver, **kw: _FakeTPUStrategy(topo, **kw))
+  setup = strategy_lib._tpu_strategy("local", 32, False, assignment)
+  layout = tpu_layout.slice_layout(topo, 32, assignment)
+  assert setup.bn_groups == layout.group_assignment
+  if assignment == "default":
+    assert setup.strategy.device_assignment is None
+  else:
+    np.testing.assert_array_equal(
+        setup.strategy.device_assignment.core_assignment[:, 0, :],
+        layout.replica_cores)
+
+
+@pytest.mark.parametrize("assignment", TPU_DEVICE_ASSIGNMENTS)
+def test_layout_log_shows_every_replica_and_its_group(monkeypatch,
+                                                      assignment):
   lines = []
   monkeypatch.setattr(logging, "info",
                       lambda fmt, *args: lines.append(fmt % args))
   topo = topology.simulated_topology("v3-8")
-  assignment = topology.tpu_device_assignment(topo, 4, log_topology=True)
-  assert assignment.num_replicas == 8
-  text = "\n".join(lines)
-  assert "2x2x1 chips x 2 cores = 8 replicas" in text
-  assert "BN groups of 4 replicas on tiles of 2x1x1 chips" in text
+  tpu_layout.tpu_device_assignment(topo, assignment, 4, log_topology=True)
+  assert lines[0].startswith(
+      "BN groups of 4 replicas on tiles of 2x1x1 chips (assignment: "
+      f"{assignment}); 8 replicas on 2x2x1 chips x 2 cores")
   # Chip rows list replicas "r0,r1[group]": 8 replicas, groups 0 and 1.
   cells = [cell for line in lines[2:] for cell in line.split()]
   assert sorted(int(r) for cell in cells
                 for r in cell.split("[")[0].split(",")) == list(range(8))
   assert {cell.split("[")[1] for cell in cells} == {"0]", "1]"}
-  count = len(lines)
-  topology.tpu_device_assignment(topo, 4)
-  assert len(lines) == count  # nothing is logged without log_topology
+  lines.clear()
+  tpu_layout.tpu_device_assignment(topo, assignment, 4)
+  assert len(lines) == 1  # the summary only, without log_topology
 
 
-@pytest.mark.parametrize("name,group_size,message", [
-    ("v3-8", 3, "--bn_group_size=3"),
-    ("v3-8", 16, "--bn_group_size=16"),
-    ("v4-32", 6, "--bn_group_size=6"),
-])
-def test_untileable_group_sizes_name_the_flag(name, group_size, message):
-  with pytest.raises(ValueError, match=message):
-    topology.slice_layout(topology.simulated_topology(name), group_size)
+def test_layout_log_shows_both_groups_of_a_chip_with_groups_of_one():
+  layout = tpu_layout.slice_layout(topology.simulated_topology("v3-8"), 1)
+  assert "0,1[0,1]" in tpu_layout.format_layout(layout).split()
+
+
+@pytest.mark.parametrize("assignment", TPU_DEVICE_ASSIGNMENTS)
+@pytest.mark.parametrize("name,group_size", [
+    ("v3-8", 0), ("v3-8", 3), ("v3-8", 16), ("v4-32", 6)])
+def test_untileable_group_sizes_name_the_flag(name, group_size, assignment):
+  topo = topology.simulated_topology(name)
+  with pytest.raises(ValueError, match=f"--bn_group_size={group_size} "):
+    tpu_layout.slice_layout(topo, group_size, assignment)
+  with pytest.raises(ValueError, match=f"--bn_group_size={group_size} "):
+    tpu_layout.bn_groups(_all_cores(topo), topo, group_size)
+
+
+def test_unknown_device_assignment_names_the_flag():
+  with pytest.raises(ValueError, match="--tpu_device_assignment"):
+    tpu_layout.slice_layout(topology.simulated_topology("v3-8"), 4, "snake")
 
 
 def test_unknown_slice_name_is_refused():
@@ -123,4 +256,4 @@ def test_real_topology_with_non_box_hosts_is_refused():
   topo = tf.tpu.experimental.Topology(mesh_shape=[2, 2, 1, 1],
                                       device_coordinates=coords)
   with pytest.raises(ValueError, match="not an aligned box"):
-    topology.slice_layout(topo, 2)
+    tpu_layout.slice_layout(topo, 2)
