@@ -15,20 +15,26 @@ import tensorflow as tf
 
 from resnet_tpu import flags as resnet_flags
 from resnet_tpu import preemption
+from resnet_tpu.config import ConfigError
 from resnet_tpu.run import run
+from resnet_tpu.trainer import ModelFn
 
 resnet_flags.define_flags()
 FLAGS = flags.FLAGS
 
 
-def main(argv: list[str]) -> None:
+def main(argv: list[str], model_fn: ModelFn | None = None) -> None:
+  """Trains the TrainConfig of the flags; `model_fn` (tests) replaces the
+  ResNet."""
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   # tf.distribute logs every collective it builds at INFO; keep ours readable.
   tf.get_logger().setLevel("WARNING")
   cfg = resnet_flags.config_from_flags(FLAGS)
   try:
-    result = run(cfg)
+    result = run(cfg, model_fn=model_fn)
+  except ConfigError as error:  # a user error: its message, no traceback
+    sys.exit(f"main.py: error: {error}")
   except preemption.Restartable as stop:
     logging.warning("%s", stop)
     sys.exit(stop.exit_code)

@@ -19,10 +19,6 @@ from resnet_tpu.config import ConfigError
 from resnet_tpu.config import TrainConfig
 
 DAMAGED_DIR = "damaged"
-# What reading a damaged checkpoint raises: a truncated or missing data file
-# or index (TensorFlow's reader raises IndexError for a short read).
-READ_ERRORS = (tf.errors.DataLossError, tf.errors.NotFoundError,
-               tf.errors.OutOfRangeError, tf.errors.InternalError, IndexError)
 
 
 class Checkpoints:
@@ -70,13 +66,16 @@ class Checkpoints:
     for path in candidates:
       try:
         self.checkpoint.restore(path).assert_existing_objects_matched()
-      except READ_ERRORS as e:
-        damaged.append(path)
-        logging.warning("Checkpoint %s cannot be read (%s: %s); trying the "
-                        "previous one.", path, type(e).__name__,
-                        _first_line(e))
-        continue
-      except (AssertionError, ValueError, tf.errors.OpError) as e:
+      except Exception as e:  # pylint: disable=broad-except
+        unreadable = _read_error(path)
+        if unreadable:
+          damaged.append(path)
+          logging.warning("Checkpoint %s cannot be read (%s); trying the "
+                          "previous one.", path, unreadable)
+          continue
+        if not isinstance(e, (AssertionError, ValueError,
+                              tf.errors.OpError)):
+          raise
         raise ConfigError(
             f"--model_dir={self.cfg.model_dir!r}: cannot restore {path} into "
             f"this run (--resnet_depth={self.cfg.resnet_depth}, "
@@ -127,6 +126,19 @@ class Checkpoints:
       logging.warning("Restored %s instead; the damaged checkpoint files "
                       "are kept in %s.", restored, aside)
     self.manager = self._manager()
+
+
+def _read_error(path: str) -> str:
+  """Why the checkpoint files of `path` cannot be read ("" if they can):
+  a truncated or missing index or data file, bit rot. Read only after a
+  restore failed, to tell damage from another network's checkpoint."""
+  try:
+    reader = tf.train.load_checkpoint(path)
+    for name in reader.get_variable_to_shape_map():
+      reader.get_tensor(name)
+  except Exception as e:  # pylint: disable=broad-except
+    return f"{type(e).__name__}: {_first_line(e)}"
+  return ""
 
 
 def _number(path: str) -> int:

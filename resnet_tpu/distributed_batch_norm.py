@@ -15,12 +15,20 @@ Inference mode uses the moving statistics only, so an exported model holds no
 collective op.
 """
 import contextlib
+import dataclasses
 from typing import Sequence
 
 import keras
 import tensorflow as tf
 
 from resnet_tpu import bn_all_reduce
+
+
+@dataclasses.dataclass(frozen=True)
+class StatisticsSink:
+  """Holds the accumulator of a layer (a plain holder, so neither Keras nor
+  tf.train.Checkpoint tracks the variable as the layer's own)."""
+  variable: tf.Variable
 
 
 @contextlib.contextmanager
@@ -30,7 +38,7 @@ def collect_statistics(layers: Sequence["DistributedBatchNormalization"],
   [sum, sum of squares, count] to its sink (Akiba et al.'s recomputed
   population statistics, bn_recompute.py)."""
   for layer, sink in zip(layers, sinks):
-    layer.statistics_sink = sink
+    layer.statistics_sink = StatisticsSink(sink)
   try:
     yield
   finally:
@@ -169,7 +177,7 @@ class DistributedBatchNormalization(keras.layers.BatchNormalization):
       raise ValueError("DistributedBatchNormalization does not support masks.")
     local = local_sums(inputs, self._reduction_axes)
     if self.statistics_sink is not None:
-      self.statistics_sink.assign_add(local)
+      self.statistics_sink.variable.assign_add(local)
     return moments_from_sums(self._group_sum(local))
 
   def get_config(self):
@@ -212,7 +220,7 @@ def _group_normalize(x: tf.Tensor, gamma: tf.Tensor, beta: tf.Tensor,
         epsilon=epsilon, data_format="NHWC", is_training=False)
 
     def grad(dy):
-      with tf.name_scope("group_batch_norm_grad"):  # for tools/op_profile
+      with tf.name_scope("group_batch_norm_grad"):  # named in tools/dev/op_profile
         # In inference form the reserve spaces are the mean and variance we
         # passed; we pass them again because the bfloat16 (Eigen) forward
         # kernel leaves its reserve_space_2 output uninitialised (TF 2.21).

@@ -69,18 +69,22 @@ class HostLoops:
     self.strategy = strategy
     self.step = step
 
-  def _sum(self, per_replica) -> StepSums:
+  def _sum(self, per_replica: tf.Tensor) -> tf.Tensor:
     return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica,
                                 axis=None)
+
+  def _run(self, step_fn, args) -> StepSums:
+    """`step_fn` on every replica, its StepSums summed over replicas."""
+    per_replica = self.strategy.run(lambda *a: step_fn(*a).packed(),
+                                    args=args)
+    return StepSums.unpacked(self._sum(per_replica))
 
   @tf.function
   def train(self, iterator: Iterator, num_steps: tf.Tensor) -> LoopSums:
     """Runs `num_steps` training steps in one call."""
     sums = LoopSums.empty()
     for i in tf.range(num_steps):
-      step = self._sum(self.strategy.run(self.step.train,
-                                         args=next(iterator)))
-      sums = sums.add(step, i)
+      sums = sums.add(self._run(self.step.train, next(iterator)), i)
     return sums
 
   @tf.function
@@ -99,8 +103,8 @@ class HostLoops:
     # optimizer (AlreadyExists on an AddOpsRewrite TemporaryVariable) from
     # the second call on.
     for micro in tf.range(num_steps * micro_batches):
-      step += self._sum(self.strategy.run(
-          self.step.accumulate, args=next(iterator) + (micro_batches,)))
+      step += self._run(self.step.accumulate,
+                        next(iterator) + (micro_batches,))
       if (micro + 1) % micro_batches == 0:
         nonfinite = self._sum(self.strategy.run(self.step.apply_accumulated))
         sums = sums.add(step._replace(nonfinite=nonfinite),
@@ -113,6 +117,5 @@ class HostLoops:
     """Sums `num_steps` eval batches."""
     sums = StepSums.zeros()
     for _ in tf.range(num_steps):
-      sums += self._sum(self.strategy.run(self.step.eval,
-                                          args=next(iterator)))
+      sums += self._run(self.step.eval, next(iterator))
     return sums

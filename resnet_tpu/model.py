@@ -187,14 +187,15 @@ def dtype_policy(precision: str):
 
 
 def build_model(cfg: TrainConfig,
-                bn_groups: Sequence[Sequence[int]] | None = None
-                ) -> keras.Model:
+                bn_groups: Sequence[Sequence[int]] | None = None,
+                stride_in_3x3: bool = True) -> keras.Model:
   """The ResNet of `cfg` in the precision of `cfg`: the one mapping from a
   config to the network (training, export and benchmarks use it).
 
   Under a strategy scope, --bfloat16_conv_kernels=auto resolves for the
   strategy's devices (bfloat16_convs.py). `bn_groups`: the BN groups of a
-  TPU placement (topology.py); None = replicas [k*g, (k+1)*g).
+  TPU placement (tpu_layout.py); None = replicas [k*g, (k+1)*g).
+  stride_in_3x3=False: ResNet v1's layout (see build_resnet).
   """
   float32_kernels = False
   if cfg.precision == "bfloat16":
@@ -206,6 +207,7 @@ def build_model(cfg: TrainConfig,
   with dtype_policy(cfg.precision):
     return build_resnet(cfg.resnet_depth, cfg.num_classes, cfg.image_size,
                         cfg.bn_group_size, cfg.bn_momentum, cfg.bn_epsilon,
+                        stride_in_3x3=stride_in_3x3,
                         float32_kernels=float32_kernels,
                         bn_all_reduce=cfg.bn_all_reduce,
                         collective_timeout_s=cfg.collective_timeout_s,

@@ -38,6 +38,14 @@ class StepSums(NamedTuple):
   def __add__(self, other: "StepSums") -> "StepSums":
     return StepSums(*(a + b for a, b in zip(self, other)))
 
+  def packed(self) -> tf.Tensor:
+    """One vector, so the sums cross replicas in one all-reduce."""
+    return tf.stack(list(self))
+
+  @classmethod
+  def unpacked(cls, vector: tf.Tensor) -> "StepSums":
+    return cls(*tf.unstack(vector, num=len(cls._fields)))
+
 
 def decayed_variables(model: keras.Model) -> list[tf.Variable]:
   """Conv and dense kernels: the only variables under L2 weight decay."""

@@ -16,7 +16,6 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-from resnet_tpu import collectives
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.trainer import Trainer
 
@@ -26,9 +25,9 @@ IMAGE_SIZE = 32
 NUM_CLASSES = 10
 
 
-def config(model_dir: str) -> TrainConfig:
+def config(model_dir: str, **overrides) -> TrainConfig:
   """ResNet-18 at 32 px, 4 replicas of 2 images, BN groups of 2."""
-  return TrainConfig(
+  return TrainConfig(**overrides,
       model_dir=model_dir, use_synthetic_data=True, resnet_depth=18,
       num_classes=NUM_CLASSES, image_size=IMAGE_SIZE, bn_group_size=2,
       global_batch_size=GLOBAL_BATCH, train_steps=STEPS,
@@ -61,13 +60,12 @@ def replica_slices_dataset_fn(ctx: tf.distribute.InputContext
 
 def main(model_dir: str, init_path: str, out_path: str,
          gradient_all_reduce: str, grid: str, timeout_s: float) -> None:
-  collectives.set_options(timeout_seconds=timeout_s)
   strategy = tf.distribute.MultiWorkerMirroredStrategy(
       communication_options=tf.distribute.experimental.CommunicationOptions(
           timeout_seconds=timeout_s))
-  trainer = Trainer(config(model_dir), strategy)
-  collectives.use_gradient_all_reduce(trainer.optimizer, gradient_all_reduce,
-                                      collectives.parse_grid(grid))
+  trainer = Trainer(config(model_dir, gradient_all_reduce=gradient_all_reduce,
+                           all_reduce_grid=grid,
+                           collective_timeout_s=timeout_s), strategy)
   with np.load(init_path) as init:
     trainer.model.set_weights([init[f"arr_{k}"]
                                for k in range(len(init.files))])

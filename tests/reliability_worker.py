@@ -3,12 +3,12 @@ tests/test_multi_worker_failure.py.
 
 Usage (repository root on PYTHONPATH, TF_CONFIG set): the flags of main.py.
 """
+import functools
+
 from absl import app
 
 import main
-from resnet_tpu import trainer
 from tiny_model import tiny_resnet
 
 if __name__ == "__main__":
-  trainer.build_model = tiny_resnet
-  app.run(main.main)
+  app.run(functools.partial(main.main, model_fn=tiny_resnet))

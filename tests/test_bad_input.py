@@ -14,13 +14,15 @@ import pytest
 import tensorflow as tf
 
 from conftest import cpu_strategy
-from resnet_tpu import export
+from resnet_tpu import config as config_lib
 from resnet_tpu import flags as resnet_flags
 from resnet_tpu import input_pipeline
 from resnet_tpu import preflight
 from resnet_tpu import run as run_lib
 from resnet_tpu import trainer as trainer_lib
+from resnet_tpu.config import ConfigError
 from resnet_tpu.config import TrainConfig
+from resnet_tpu.strategy import Distribution
 from resnet_tpu.metrics_log import read_metrics
 from test_input_pipeline import imagenet_to_gcs_record
 from test_resume_exact import write_random_split
@@ -72,15 +74,15 @@ def _jpeg(seed: int = 0) -> bytes:
 ])
 def test_bad_sizes_fail_before_startup_naming_the_flag(
     tmp_path, before_startup, overrides, flag):
-  with pytest.raises(ValueError, match=flag):
+  with pytest.raises(ConfigError, match=flag):
     run_lib.run(_config(tmp_path, **overrides))
 
 
 def test_missing_or_empty_data_dir_fails_naming_it(tmp_path, before_startup):
-  with pytest.raises(ValueError, match="--data_dir=.*not a directory"):
+  with pytest.raises(ConfigError, match="--data_dir=.*not a directory"):
     run_lib.run(_config(tmp_path, tmp_path / "nowhere"))
   (tmp_path / "empty").mkdir()
-  with pytest.raises(ValueError, match="--data_dir=.*no 'train-\\*'"):
+  with pytest.raises(ConfigError, match="--data_dir=.*no 'train-\\*'"):
     run_lib.run(_config(tmp_path, tmp_path / "empty"))
 
 
@@ -88,7 +90,7 @@ def test_files_that_are_not_tfrecords_fail_naming_the_file(tmp_path,
                                                            before_startup):
   for name in ("train-00000-of-00001", "validation-00000-of-00001"):
     (tmp_path / name).write_text("image,label\ncat.jpg,1\n" * 20)
-  with pytest.raises(ValueError,
+  with pytest.raises(ConfigError,
                      match="train-00000-of-00001 .*is not a TFRecord file"):
     run_lib.run(_config(tmp_path, tmp_path))
 
@@ -100,7 +102,7 @@ def test_records_missing_features_fail_naming_them(tmp_path, before_startup):
   for split in ("train", "validation"):
     _write(tmp_path / f"{split}-00000-of-00001",
            [only_image.SerializeToString()])
-  with pytest.raises(ValueError, match=r"lacks the features "
+  with pytest.raises(ConfigError, match=r"lacks the features "
                      r"\['image/class/label'\]"):
     run_lib.run(_config(tmp_path, tmp_path))
 
@@ -110,7 +112,7 @@ def test_first_label_outside_num_classes_fails_naming_both_flags(
   for split in ("train", "validation"):
     _write(tmp_path / f"{split}-00000-of-00001",
            [imagenet_to_gcs_record(0, _jpeg())])  # 0-based data, offset 1
-  with pytest.raises(ValueError, match=r"--label_offset=1 .*\[0, "
+  with pytest.raises(ConfigError, match=r"--label_offset=1 .*\[0, "
                      r"--num_classes=10\)"):
     run_lib.run(_config(tmp_path, tmp_path))
 
@@ -136,21 +138,20 @@ def test_progressive_training_jpegs_are_named_before_startup(
 def test_model_dir_of_another_network_fails_before_startup(tmp_path,
                                                            before_startup):
   old = _config(tmp_path, resnet_depth=50)
-  export.write_config(old)
+  config_lib.write_config(old)
   tf.train.Checkpoint(step=tf.Variable(1)).save(
       os.path.join(old.model_dir, "ckpt"))
-  with pytest.raises(ValueError, match=r"--model_dir=.*another network "
+  with pytest.raises(ConfigError, match=r"--model_dir=.*another network "
                      r"\(--resnet_depth=50 there, 18 here\)"):
     run_lib.run(_config(tmp_path))
 
 
-def test_checkpoint_that_does_not_restore_fails_naming_model_dir(
-    tmp_path, monkeypatch):
-  monkeypatch.setattr(trainer_lib, "build_model", tiny_resnet)
-  trainer_lib.Trainer(_config(tmp_path), cpu_strategy(1)).save()
+def test_checkpoint_that_does_not_restore_fails_naming_model_dir(tmp_path):
+  trainer_lib.Trainer(_config(tmp_path), cpu_strategy(1),
+                      model_fn=tiny_resnet).save()
   other = trainer_lib.Trainer(_config(tmp_path, num_classes=5),
-                              cpu_strategy(1))
-  with pytest.raises(ValueError, match=r"--model_dir=.*: cannot restore "
+                              cpu_strategy(1), model_fn=tiny_resnet)
+  with pytest.raises(ConfigError, match=r"--model_dir=.*: cannot restore "
                      r".*ckpt-0 into this run \(.*--num_classes=5"):
     other.restore()
 
@@ -189,9 +190,8 @@ def _broken_jpegs() -> dict[str, bytes]:
 
 def test_undecodable_images_are_counted_and_skipped_not_a_crash(
     tmp_path, monkeypatch, caplog):
-  monkeypatch.setattr(trainer_lib, "build_model", tiny_resnet)
   monkeypatch.setattr(run_lib, "create_strategy",
-                      lambda *args, **kwargs: cpu_strategy(2))
+                      lambda *args, **kwargs: Distribution(cpu_strategy(2)))
   write_random_split(tmp_path, "validation", 8, 1)
   good = [imagenet_to_gcs_record(1 + i % CLASSES, _jpeg(i))
           for i in range(28)]
@@ -199,7 +199,8 @@ def test_undecodable_images_are_counted_and_skipped_not_a_crash(
   _write(tmp_path / "train-00000-of-00002", good[:14] + bad[:2])
   _write(tmp_path / "train-00001-of-00002", bad[2:] + good[14:])
   # 4 steps of 8 read the 32 records exactly once.
-  run_lib.run(_config(tmp_path, tmp_path, shuffle_buffer_size=32))
+  run_lib.run(_config(tmp_path, tmp_path, shuffle_buffer_size=32),
+              model_fn=tiny_resnet)
   train = [r for r in read_metrics(tmp_path / "model")
            if r["split"] == "train"]
   assert sum(r["undecodable_images"] for r in train) == len(bad)

@@ -8,8 +8,8 @@ from resnet_tpu import bfloat16_convs
 from resnet_tpu.bfloat16_convs import Conv2D
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.model import build_resnet
-from resnet_tpu.trainer import build_model
-from resnet_tpu.trainer import dtype_policy
+from resnet_tpu.model import build_model
+from resnet_tpu.model import dtype_policy
 
 BF16_EPS = 2.0**-8  # half a bfloat16 ulp, relative
 

@@ -1,6 +1,9 @@
-"""Bad flag combinations fail before start-up, naming the flag."""
+"""Bad flag values and combinations fail before start-up, naming the flag."""
+import dataclasses
+
 import pytest
 
+from resnet_tpu import config as config_lib
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.config import validate
 
@@ -63,3 +66,51 @@ def test_batch_size_schedule_sets_steps_from_epochs():
                 batch_size_schedule="0:64,1:128")
   # 1024/64 steps in epoch 0, then 1024/128 in epoch 1.
   assert cfg.total_train_steps == 16 + 8
+
+
+def _numeric_fields() -> list[str]:
+  return [f.name for f in dataclasses.fields(TrainConfig)
+          if f.type in (int, float) and f.name not in config_lib.CHOICES]
+
+
+def test_every_numeric_field_has_a_range_and_every_range_a_field():
+  assert sorted(config_lib.RANGES) == sorted(_numeric_fields())
+
+
+def _outside(allowed: config_lib.Range) -> list[float]:
+  values = []
+  if allowed.low is not None:
+    values.append(allowed.low if allowed.low_open else allowed.low - 1)
+  if allowed.high is not None:
+    values.append(allowed.high if allowed.high_open else allowed.high + 1)
+  return values
+
+
+@pytest.mark.parametrize("name", sorted(config_lib.RANGES))
+def test_each_field_out_of_range_fails_naming_its_flag(name):
+  allowed = config_lib.RANGES[name]
+  field_type = TrainConfig.__dataclass_fields__[name].type
+  assert _outside(allowed), name  # every range bounds something
+  for value in _outside(allowed):
+    with pytest.raises(config_lib.ConfigError,
+                       match=rf"^--{name} must be .*got {value!r}"):
+      validate(_config(**{name: field_type(value)}))
+  inside = TrainConfig.__dataclass_fields__[name].default
+  assert allowed.contains(inside), (name, inside)  # defaults are valid
+
+
+def test_the_ranges_of_the_issue_hold():
+  ranges = config_lib.RANGES
+  assert not ranges["base_learning_rate"].contains(-1.0)
+  assert not ranges["base_learning_rate"].contains(0.0)
+  assert ranges["momentum"].contains(0.0)
+  assert not ranges["momentum"].contains(1.0)
+  assert not ranges["lars_eta"].contains(0.0)
+  assert ranges["warmup_epochs"].contains(0.0)
+  assert not ranges["global_batch_size"].contains(0)
+  assert not ranges["label_smoothing"].contains(1.5)
+
+
+def test_the_enum_choices_are_the_model_depths_and_the_flag_enums():
+  from resnet_tpu.model import LAYERS  # pylint: disable=g-import-not-at-top
+  assert tuple(LAYERS) == config_lib.RESNET_DEPTHS

@@ -12,7 +12,7 @@ import tensorflow as tf
 from data.build_tfrecords import build
 from data.build_tfrecords import image_example
 from data.make_synthetic import make_synthetic
-from resnet_tpu import export
+from resnet_tpu import config as config_lib
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.metrics_log import read_metrics
 from resnet_tpu.run import run
@@ -69,7 +69,7 @@ def test_evaluate_cli_reproduces_in_training_eval_of_same_checkpoint(
 
 
 def test_run_writes_config_json_of_the_trained_network(trained):
-  config = export.read_config(trained.model_dir)
+  config = config_lib.read_config(trained.model_dir)
   assert (config["resnet_depth"], config["image_size"],
           config["num_classes"], config["bn_group_size"]) == (18, 32, 4, 2)
   assert config["labels_file"] == os.path.join(trained.data_dir,

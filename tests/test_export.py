@@ -15,9 +15,10 @@ from resnet_tpu import export
 from resnet_tpu import input_pipeline
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.model import build_resnet
-from resnet_tpu.trainer import build_model
-from resnet_tpu.trainer import build_optimizer
-from resnet_tpu.trainer import dtype_policy
+from resnet_tpu import config as config_lib
+from resnet_tpu.model import build_model
+from resnet_tpu.model import dtype_policy
+from resnet_tpu.optimizers import build_optimizer_from_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZE = 32
@@ -101,10 +102,10 @@ def run_dir(tmp_path_factory):
   cfg = TrainConfig(model_dir=str(root / "model"), data_dir=str(root / "data"),
                     resnet_depth=18, num_classes=CLASSES, image_size=SIZE,
                     precision="bfloat16", bn_group_size=2, train_steps=1)
-  model, optimizer = build_model(cfg), build_optimizer(cfg)
+  model, optimizer = build_model(cfg), build_optimizer_from_config(cfg)
   optimizer.build(model.trainable_variables)
   randomize(model)
-  export.write_config(cfg)
+  config_lib.write_config(cfg, export.labels_file(cfg.data_dir))
   checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
   tf.train.CheckpointManager(checkpoint, cfg.model_dir, 2).save(
       checkpoint_number=3)
@@ -205,7 +206,7 @@ def test_export_carries_image_size_label_offset_and_labels_file(
 
 def test_config_json_records_the_network_and_labels_file(run_dir):
   _, cfg, _ = run_dir
-  config = export.read_config(cfg.model_dir)
+  config = config_lib.read_config(cfg.model_dir)
   assert {k: config[k] for k in ("resnet_depth", "num_classes", "image_size",
                                  "precision", "bn_group_size")} == {
       "resnet_depth": 18, "num_classes": CLASSES, "image_size": SIZE,
@@ -215,7 +216,7 @@ def test_config_json_records_the_network_and_labels_file(run_dir):
 
 def test_named_checkpoint_is_restored_not_the_latest(run_dir):
   root, cfg, reference = run_dir
-  config = export.read_config(cfg.model_dir)
+  config = config_lib.read_config(cfg.model_dir)
   first = export.checkpoint_path(cfg.model_dir)
   model = export.restore_inference_model(config, first)
   randomize(model, seed=5)
@@ -232,7 +233,7 @@ def test_named_checkpoint_is_restored_not_the_latest(run_dir):
 
 def test_checkpoint_of_another_architecture_is_refused(run_dir):
   _, cfg, _ = run_dir
-  config = dict(export.read_config(cfg.model_dir), resnet_depth=34)
+  config = dict(config_lib.read_config(cfg.model_dir), resnet_depth=34)
   with pytest.raises(ValueError, match="does not match the ResNet-34"):
     export.restore_inference_model(config,
                                    export.checkpoint_path(cfg.model_dir))

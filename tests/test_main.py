@@ -8,6 +8,9 @@ import json
 import os
 import subprocess
 import sys
+import time
+
+import pytest
 
 from data.build_tfrecords import build
 from data.make_synthetic import make_synthetic
@@ -37,3 +40,44 @@ def test_main_trains_evaluates_and_exports_on_cpu_replicas(tmp_path):
   assert evals and evals[-1]["examples"] == 9  # 3 classes x 3, none dropped
   assert evals[-1]["step"] == 2
   assert (model_dir / "export" / "saved_model.pb").exists()
+
+
+def _main(*flags: str, timeout: float = 120) -> subprocess.CompletedProcess:
+  env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+  return subprocess.run([sys.executable, "main.py", *flags], cwd=ROOT,
+                        env=env, capture_output=True, text=True,
+                        timeout=timeout)
+
+
+def test_tpu_run_on_a_tensorflow_without_tpu_support_stops_at_once(tmp_path):
+  start = time.time()
+  result = _main("--tpu=local", "--use_synthetic_data", "--train_steps=1",
+                 f"--model_dir={tmp_path}")
+  assert result.returncode == 1
+  assert time.time() - start < 60  # TensorFlow's import is most of it
+  assert "no TPU support" in result.stderr
+  assert "pip install -r requirements-tpu.txt" in result.stderr
+  assert "Traceback" not in result.stderr
+  assert not os.listdir(tmp_path)  # nothing started, nothing written
+
+
+def test_gpu_run_without_a_gpu_names_the_gpu_requirements(tmp_path):
+  result = _main("--strategy=gpu", "--use_synthetic_data", "--train_steps=1",
+                 f"--model_dir={tmp_path}")
+  assert result.returncode == 1
+  assert "requirements-gpu.txt" in result.stderr
+  assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("flag,message", [
+    ("--global_batch_size=0", "--global_batch_size must be >= 1, got 0"),
+    ("--base_learning_rate=-1", "--base_learning_rate must be > 0, got -1.0"),
+    ("--label_smoothing=1.5", "--label_smoothing must be >= 0 and < 1"),
+])
+def test_a_bad_flag_value_prints_one_message_without_a_traceback(
+    tmp_path, flag, message):
+  result = _main("--strategy=cpu", "--use_synthetic_data", "--train_steps=1",
+                 f"--model_dir={tmp_path}", flag)
+  assert result.returncode == 1
+  assert message in result.stderr
+  assert "Traceback" not in result.stderr

@@ -19,9 +19,8 @@ import numpy as np
 
 from conftest import cpu_strategy
 import multi_worker_train as worker
-from resnet_tpu import collectives
 from resnet_tpu.trainer import Trainer
-from resnet_tpu.trainer import build_model
+from resnet_tpu.model import build_model
 
 WORKERS = 4
 # Whole test, workers included; on 2 idle cores it takes about 60 s.
@@ -81,11 +80,12 @@ def test_4_loopback_workers_match_a_4_replica_mirrored_run(tmp_path):
   np.savez(init_path, *initial)
   processes = _start_workers(tmp_path, init_path)
   try:
-    with collectives.options(timeout_seconds=COLLECTIVE_TIMEOUT_S):
-      reference = Trainer(worker.config(str(tmp_path / "reference")),
-                          cpu_strategy(WORKERS))
-      reference.model.set_weights(initial)
-      reference.fit(worker.replica_slices_dataset_fn)
+    reference = Trainer(
+        worker.config(str(tmp_path / "reference"),
+                      collective_timeout_s=COLLECTIVE_TIMEOUT_S),
+        cpu_strategy(WORKERS))
+    reference.model.set_weights(initial)
+    reference.fit(worker.replica_slices_dataset_fn)
     expected = reference.model.get_weights()
   finally:
     _wait(processes, tmp_path, deadline)

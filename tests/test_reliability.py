@@ -23,6 +23,7 @@ from tensorflow.python.checkpoint import checkpoint_management
 from conftest import cpu_strategy
 from resnet_tpu import preemption
 from resnet_tpu import trainer as trainer_lib
+from resnet_tpu.config import ConfigError
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.metrics_log import read_metrics
 from tiny_model import tiny_resnet
@@ -34,9 +35,8 @@ BATCH = 8
 STARTUP_TIMEOUT_S = 300
 
 
-@pytest.fixture(autouse=True)
-def _tiny_model(monkeypatch):
-  monkeypatch.setattr(trainer_lib, "build_model", tiny_resnet)
+def _trainer(cfg: TrainConfig, strategy) -> trainer_lib.Trainer:
+  return trainer_lib.Trainer(cfg, strategy, model_fn=tiny_resnet)
 
 
 def _config(model_dir, **overrides) -> TrainConfig:
@@ -138,7 +138,7 @@ def test_sigterm_checkpoints_exits_42_and_the_same_command_resumes(tmp_path):
 def test_save_cut_short_leaves_previous_checkpoint_latest(tmp_path,
                                                           monkeypatch):
   images, labels = _batches(4)
-  trainer = trainer_lib.Trainer(_config(tmp_path, train_steps=3),
+  trainer = _trainer(_config(tmp_path, train_steps=3),
                                 cpu_strategy(2))
   commit = checkpoint_management.update_checkpoint_state_internal
 
@@ -165,7 +165,7 @@ def test_save_cut_short_leaves_previous_checkpoint_latest(tmp_path,
       f.write(data)
   assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]
 
-  resumed = trainer_lib.Trainer(_config(tmp_path, train_steps=3),
+  resumed = _trainer(_config(tmp_path, train_steps=3),
                                 cpu_strategy(2))
   assert resumed.restore() == 2
   assert int(resumed.input_batches.numpy()) == 2
@@ -174,9 +174,52 @@ def test_save_cut_short_leaves_previous_checkpoint_latest(tmp_path,
   assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
 
 
+def _truncate(path, keep: float = 0.5) -> None:
+  with open(path, "rb") as f:
+    data = f.read()
+  with open(path, "wb") as f:
+    f.write(data[:int(len(data) * keep)])
+
+
+def test_damaged_latest_checkpoint_falls_back_to_the_intact_one_exactly(
+    tmp_path, caplog):
+  images, labels = _batches(4)
+  model_dir = tmp_path
+  uninterrupted = _trainer(_config(model_dir), cpu_strategy(2))
+  uninterrupted.fit(_dataset_fn(images, labels))
+  _truncate(model_dir / "ckpt-4.data-00000-of-00001")  # bit rot, cut copy
+
+  resumed = _trainer(_config(model_dir), cpu_strategy(2))
+  with caplog.at_level("WARNING"):
+    assert resumed.restore() == 3
+  assert "ckpt-4 cannot be read" in caplog.text
+  assert "ckpt-4.data-00000-of-00001" in os.listdir(model_dir / "damaged")
+  assert tf.train.latest_checkpoint(model_dir).endswith("ckpt-3")
+  resumed.fit(_dataset_fn(images, labels))  # redoes step 4 from ckpt-3
+  assert resumed.step == 4
+  for got, want in zip(_values(resumed.model.variables) +
+                       _values(resumed.optimizer.variables),
+                       _values(uninterrupted.model.variables) +
+                       _values(uninterrupted.optimizer.variables)):
+    np.testing.assert_array_equal(got, want)
+
+
+def test_when_every_checkpoint_is_damaged_restore_names_them_and_the_choices(
+    tmp_path):
+  images, labels = _batches(2)
+  _trainer(_config(tmp_path, train_steps=2), cpu_strategy(1)).fit(
+      _dataset_fn(images, labels))
+  _truncate(tmp_path / "ckpt-1.index", keep=0.3)
+  os.remove(tmp_path / "ckpt-2.data-00000-of-00001")  # a missing shard
+  with pytest.raises(ConfigError,
+                     match=r"every checkpoint is damaged .*ckpt-2.*ckpt-1.*"
+                     r"new --model_dir.*remove the damaged"):
+    _trainer(_config(tmp_path, train_steps=2), cpu_strategy(1)).restore()
+
+
 def test_keep_checkpoints_bounds_the_checkpoints_on_disk(tmp_path):
   images, labels = _batches(5)
-  trainer = trainer_lib.Trainer(
+  trainer = _trainer(
       _config(tmp_path, train_steps=5, keep_checkpoints=2), cpu_strategy(1))
   trainer.fit(_dataset_fn(images, labels))
   assert sorted(f for f in os.listdir(tmp_path) if f.endswith(".index")) == [
@@ -188,7 +231,7 @@ def test_keep_checkpoints_bounds_the_checkpoints_on_disk(tmp_path):
 def test_nan_loss_stops_naming_the_step_and_keeps_last_good_checkpoint(
     tmp_path):
   images, labels = _batches(6, nan_at_step=5)
-  trainer = trainer_lib.Trainer(
+  trainer = _trainer(
       _config(tmp_path, train_steps=6, steps_per_loop=2,
               checkpoint_every_steps=2), cpu_strategy(2))
   with pytest.raises(trainer_lib.NonFiniteLossError,
@@ -196,7 +239,7 @@ def test_nan_loss_stops_naming_the_step_and_keeps_last_good_checkpoint(
     trainer.fit(_dataset_fn(images, labels))
   assert tf.train.latest_checkpoint(tmp_path).endswith("ckpt-4")
   assert not os.path.exists(tmp_path / "ckpt-6.index")
-  restored = trainer_lib.Trainer(_config(tmp_path, train_steps=6),
+  restored = _trainer(_config(tmp_path, train_steps=6),
                                  cpu_strategy(2))
   assert restored.restore() == 4
   assert all(np.isfinite(v).all() for v in _values(restored.model.variables))
@@ -205,10 +248,10 @@ def test_nan_loss_stops_naming_the_step_and_keeps_last_good_checkpoint(
 def test_skip_nonfinite_steps_trains_as_if_the_bad_batch_was_never_there(
     tmp_path):
   images, labels = _batches(5, nan_at_step=3)
-  skipping = trainer_lib.Trainer(
+  skipping = _trainer(
       _config(tmp_path / "skip", skip_nonfinite_steps=True,
               steps_per_loop=4, checkpoint_every_steps=0), cpu_strategy(2))
-  clean = trainer_lib.Trainer(
+  clean = _trainer(
       _config(tmp_path / "clean", steps_per_loop=4, checkpoint_every_steps=0),
       cpu_strategy(2))
   clean.model.set_weights(skipping.model.get_weights())

@@ -18,8 +18,8 @@ import tensorflow as tf
 from conftest import cpu_strategy
 from resnet_tpu import preemption
 from resnet_tpu import run as run_lib
-from resnet_tpu import trainer as trainer_lib
 from resnet_tpu.config import TrainConfig
+from resnet_tpu.strategy import Distribution
 from resnet_tpu.metrics_log import read_metrics
 from test_input_pipeline import imagenet_to_gcs_record
 from tiny_model import tiny_resnet
@@ -54,10 +54,9 @@ def data_dir(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def _tiny_model_on_2_cpus(monkeypatch):
-  monkeypatch.setattr(trainer_lib, "build_model", tiny_resnet)
+def _on_2_cpus(monkeypatch):
   monkeypatch.setattr(run_lib, "create_strategy",
-                      lambda *args, **kwargs: cpu_strategy(2))
+                      lambda *args, **kwargs: Distribution(cpu_strategy(2)))
 
 
 def _config(model_dir, data_dir) -> TrainConfig:
@@ -72,17 +71,15 @@ def _config(model_dir, data_dir) -> TrainConfig:
       deterministic_input=True, shuffle_buffer_size=32, label_offset=1)
 
 
-def _sigterm_after_step(monkeypatch, step: int) -> None:
-  """Delivers a real SIGTERM to this process once `step` is logged."""
-  log_train = trainer_lib.Trainer._log_train
+def _sigterm_after_step(step: int):
+  """A loop callback that delivers a real SIGTERM to this process once
+  `step` is logged."""
 
-  def log_and_signal(self, result, batches, seconds, at_step, *args):
-    record = log_train(self, result, batches, seconds, at_step, *args)
-    if at_step == step:
+  def signal_at(record: dict) -> None:
+    if record["step"] == step:
       os.kill(os.getpid(), signal.SIGTERM)
-    return record
 
-  monkeypatch.setattr(trainer_lib.Trainer, "_log_train", log_and_signal)
+  return signal_at
 
 
 def _checkpoint_values(model_dir) -> dict:
@@ -101,17 +98,16 @@ def _without_timing(records: list[dict]) -> list[dict]:
 
 
 def test_preempted_and_resumed_run_equals_uninterrupted_run(
-    tmp_path, data_dir, monkeypatch):
+    tmp_path, data_dir):
   whole = tmp_path / "uninterrupted"
-  run_lib.run(_config(whole, data_dir))
+  run_lib.run(_config(whole, data_dir), model_fn=tiny_resnet)
 
   split = tmp_path / "preempted"
-  with monkeypatch.context() as patch:
-    _sigterm_after_step(patch, PREEMPT_AT)
-    with pytest.raises(preemption.Preempted, match=f"step {PREEMPT_AT}/"):
-      run_lib.run(_config(split, data_dir))
+  with pytest.raises(preemption.Preempted, match=f"step {PREEMPT_AT}/"):
+    run_lib.run(_config(split, data_dir), model_fn=tiny_resnet,
+                loop_callback=_sigterm_after_step(PREEMPT_AT))
   assert tf.train.latest_checkpoint(split).endswith(f"ckpt-{PREEMPT_AT}")
-  run_lib.run(_config(split, data_dir))
+  run_lib.run(_config(split, data_dir), model_fn=tiny_resnet)
 
   expected, got = _checkpoint_values(whole), _checkpoint_values(split)
   assert sorted(got) == sorted(expected)

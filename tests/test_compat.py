@@ -1,0 +1,115 @@
+"""Every private TensorFlow/Keras API of resnet_tpu/compat.py still works.
+
+One test per API, run on each supported TensorFlow (the TF 2.21 suite and
+`make test-compat` on tensorflow-cpu 2.19.1): an upgrade that moves or
+changes one fails here, by name.
+"""
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from collective_helpers import per_replica
+from conftest import cpu_strategy
+from resnet_tpu import compat
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_keras_sums_gradients_across_replicas_in_the_replaceable_method():
+  strategy = cpu_strategy(2)
+  with strategy.scope():
+    variable = tf.Variable([1.0, 2.0])
+    optimizer = keras.optimizers.SGD(1.0)
+    optimizer.build([variable])
+  calls = []
+
+  def summation(grads_and_vars):
+    calls.append(len(grads_and_vars))
+    ctx = tf.distribute.get_replica_context()
+    return [(ctx.all_reduce("sum", g), v) for g, v in grads_and_vars]
+
+  compat.replace_gradient_summation(optimizer, summation)
+
+  @tf.function
+  def step():
+    strategy.run(lambda: optimizer.apply_gradients(
+        [(tf.constant([1.0, 1.0]), variable)]))
+
+  step()
+  assert calls  # Keras called our summation, not its own
+  # Summed once over 2 replicas: 1 - 2 * 1.
+  np.testing.assert_allclose(variable.numpy(), [-1.0, 0.0])
+
+
+def test_replacing_the_summation_fails_by_name_without_the_method():
+  with pytest.raises(ValueError, match=compat.KERAS_GRADIENT_SUMMATION):
+    compat.replace_gradient_summation(object(), lambda pairs: pairs)
+
+
+def test_strategy_supports_no_merge_call_answers_for_the_strategy_in_scope():
+  assert isinstance(compat.strategy_supports_no_merge_call(), bool)
+  with cpu_strategy(2).scope():
+    assert compat.strategy_supports_no_merge_call()
+
+
+def test_shift_collective_keys_moves_the_mirrored_strategy_key_base():
+  before = tf.distribute.MirroredStrategy._collective_key_base  # pylint: disable=protected-access
+  compat.shift_collective_keys(tf.distribute.MirroredStrategy, 7)
+  assert tf.distribute.MirroredStrategy._collective_key_base == before + 7  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize("op", ["sum", "all_to_all", "gather"])
+def test_raw_v2_collectives_run_among_a_subgroup(op):
+  strategy = cpu_strategy(4)
+  devices = strategy.extended.worker_devices
+  x = np.arange(8, dtype=np.float32).reshape(4, 2)
+  collective = {"sum": compat.collective_sum,
+                "all_to_all": compat.collective_all_to_all,
+                "gather": compat.collective_gather}[op]
+
+  @tf.function
+  def step():
+    def replica_fn():
+      ctx = tf.distribute.get_replica_context()
+      r = int(tf.get_static_value(ctx.replica_id_in_sync_group))
+      with tf.device(devices[r]):
+        return collective(
+            tf.constant(x[r]), group_size=2, group_key=(1 << 29) + r // 2,
+            instance_key=1, ordering_token=compat.ordering_token(
+                devices[r], "compat_test"), timeout_seconds=30.0)
+    return strategy.run(replica_fn)
+
+  got = per_replica(strategy, step())
+  pairs = x.reshape(2, 2, 2)  # [group, member, values]
+  if op == "sum":
+    want = np.repeat(pairs.sum(axis=1), 2, axis=0)
+  elif op == "gather":
+    want = np.repeat(pairs.reshape(2, 4), 2, axis=0)
+  else:  # member i gets element i of each member's vector
+    want = pairs.transpose(0, 2, 1).reshape(4, 2)
+  np.testing.assert_array_equal(got, want)
+
+
+def test_onednn_enabled_follows_tensorflows_switch():
+  code = ("import tensorflow as tf; from resnet_tpu import compat; "
+          "print(compat.onednn_enabled())")
+  answers = {}
+  for value in ("0", "1"):
+    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS=value,
+               TF_CPP_MIN_LOG_LEVEL="3")
+    answers[value] = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+        text=True, timeout=120, check=True).stdout.split()[-1]
+  assert answers == {"0": "False", "1": "True"}
+
+
+def test_has_kernel_reads_the_kernel_registry():
+  assert compat.has_kernel("CollectiveReduceV2", "CPU")
+  assert not compat.has_kernel("CollectiveReduceV2", "TPU")
+  # TPU system ops have kernels only in tensorflow-tpu builds.
+  assert not compat.has_kernel("ConfigureDistributedTPU")
