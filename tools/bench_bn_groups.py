@@ -88,10 +88,13 @@ def main(argv: list[str]) -> None:
       bench_common.alternate(timers, setup["repetitions"]))
   ratio = (summary["bn_group_size=4"]["median"] /
            summary["bn_group_size=1"]["median"])
+  spread = bench_common.paired_range(summary["bn_group_size=4"]["runs"],
+                                     summary["bn_group_size=1"]["runs"])
   report = markdown(summary, setup)
   bench_common.write_json(FLAGS.output_dir, "bn_groups.json", {
       "setup": setup, "machine": bench_common.machine(), "summary": summary,
-      "bn_group4_vs_group1": ratio})
+      "bn_group4_vs_group1": ratio,
+      "headline_ranges": {"bn_group4_vs_group1": spread}})
   with open(f"{FLAGS.output_dir}/bn_groups.md", "w") as f:
     f.write(report)
   bench_common.merge_summary(FLAGS.output_dir, {"bn_group4_vs_group1": ratio})

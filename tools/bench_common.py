@@ -44,6 +44,18 @@ def summarise(runs: dict[str, list[float]]) -> dict[str, dict]:
           for name, values in runs.items()}
 
 
+def paired_range(numerators: list[float],
+                 denominators: list[float]) -> list[float]:
+  """[min, max] of a ratio over the repetitions of `alternate`.
+
+  Each ratio is taken between the two variants' samples of one repetition,
+  which ran back to back: how far one repetition strays on this machine. A
+  variant with fewer repetitions pairs with the first ones.
+  """
+  pairs = [a / b for a, b in zip(numerators, denominators)]
+  return [min(pairs), max(pairs)]
+
+
 def small_convnet(cfg: TrainConfig) -> keras.Model:
   """conv -> distributed BN -> pool -> dense, for Trainer(model_fn=...).
 

@@ -213,6 +213,21 @@ def ratios(models: dict) -> dict[str, float]:
   }
 
 
+def headline_ranges(models: dict) -> dict[str, list[float]]:
+  """[min, max] over the repetitions of each ratio merged into summary.json
+  (bench_common.paired_range)."""
+  runs = {name: v["runs"] for name, v in models["summary"].items()}
+  flops = models["train_flops_per_image"]["ours_bfloat16"]
+  return {
+      "ours_vs_keras_fp32": bench_common.paired_range(runs["ours_float32"],
+                                                      runs["keras_float32"]),
+      "ours_vs_keras_bf16": bench_common.paired_range(runs["ours_bfloat16"],
+                                                      runs["keras_bfloat16"]),
+      "mfu_bf16": bench_common.paired_range(
+          [r * flops for r in runs["ours_bfloat16"]], runs["matmul_bfloat16"]),
+  }
+
+
 def markdown(models: dict, host_loop: dict, result: dict,
              setup: dict) -> str:
   s = models["summary"]
@@ -348,7 +363,8 @@ def main(argv: list[str]) -> None:
   report = markdown(models, host_loop, result, setup)
   bench_common.write_json(FLAGS.output_dir, "train.json", {
       "setup": setup, "machine": bench_common.machine(), "models": models,
-      "host_loop": host_loop, "ratios": result})
+      "host_loop": host_loop, "ratios": result,
+      "headline_ranges": headline_ranges(models)})
   with open(f"{FLAGS.output_dir}/train.md", "w") as f:
     f.write(report)
   bench_common.merge_summary(FLAGS.output_dir, {
