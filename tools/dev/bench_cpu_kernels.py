@@ -1,6 +1,6 @@
 """TensorFlow's CPU kernels, oneDNN vs Eigen, on our training step.
 
-  python -m tools.bench_cpu_kernels --output_dir=bench_results [--tiny]
+  python -m tools.dev.bench_cpu_kernels --output_dir=bench_results [--tiny]
   make bench-cpu-kernels    # the same, then REPORT.md again
 
 Not part of `make bench` (six child processes that each trace ResNet-50
@@ -33,7 +33,8 @@ from tools import bench_common
 from tools import bench_train
 
 FLAGS = flags.FLAGS
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
 KERNELS = {"Eigen": "0", "oneDNN": "1"}  # name -> TF_ENABLE_ONEDNN_OPTS
 TINY = dict(image_size=32, batch_size=2, depth=18, steps=1, calls=1,
             repetitions=1)
@@ -55,7 +56,7 @@ def run_child(setup: dict, onednn: str) -> dict:
   """One child process with TF_ENABLE_ONEDNN_OPTS=`onednn`; its result."""
   with tempfile.TemporaryDirectory() as tmp:
     path = os.path.join(tmp, "result.json")
-    command = [sys.executable, "-m", "tools.bench_cpu_kernels",
+    command = [sys.executable, "-m", "tools.dev.bench_cpu_kernels",
                f"--child_json={path}",
                *(f"--{key}={value}" for key, value in setup.items()
                  if key != "repetitions")]
@@ -78,7 +79,7 @@ def markdown(summary: dict, setup: dict, ratio: float, date: str) -> str:
   return "\n".join([
       "### CPU kernels: oneDNN vs Eigen (resnet_tpu/cpu_kernels.py)",
       "",
-      f"Measured {date} by tools/bench_cpu_kernels.py (`make "
+      f"Measured {date} by tools/dev/bench_cpu_kernels.py (`make "
       "bench-cpu-kernels`, not part of `make bench`). Our "
       f"ResNet-{setup['depth']}, {setup['image_size']} px, batch "
       f"{setup['batch_size']}, 1 replica, float32: one child process per "
@@ -120,7 +121,9 @@ def main(argv: list[str]) -> None:
   report = markdown(summary, setup, ratio, machine["date"])
   bench_common.write_json(FLAGS.output_dir, "cpu_kernels.json", {
       "setup": setup, "machine": machine, "summary": summary,
-      "onednn_vs_eigen_fp32": ratio})
+      "onednn_vs_eigen_fp32": ratio, "headline_ranges": {
+          "onednn_vs_eigen_fp32": bench_common.paired_range(
+              runs["oneDNN"], runs["Eigen"])}})
   with open(os.path.join(FLAGS.output_dir, "cpu_kernels.md"), "w") as f:
     f.write(report)
   bench_common.merge_summary(FLAGS.output_dir, {"onednn_vs_eigen_fp32": ratio})

@@ -1,9 +1,9 @@
 """Where a training step's time goes, op by op, from TensorFlow's profiler.
 
   make profile-ops   # both of:
-  python -m tools.op_profile --workloads=ours,ours_v1_layout,keras \\
+  python -m tools.dev.op_profile --workloads=ours,ours_v1_layout,keras \\
       --output_dir=bench_results
-  python -m tools.op_profile --workloads=bn_group1,bn_group4,bn_group8 \\
+  python -m tools.dev.op_profile --workloads=bn_group1,bn_group4,bn_group8 \\
       --output_dir=bench_results
 
 `make bench` gives ratios; this tool says which ops make them. Each workload
@@ -185,7 +185,7 @@ def markdown(results: dict[str, dict], precision: str, steps: int,
       f"{precision}. Kernel time summed over the threads that run ops, ms "
       "per step (share of the column's op time): medians of "
       f"{repetitions} alternating repetitions of {steps} profiled steps; "
-      f"`python -m tools.op_profile --workloads={','.join(names)}`.",
+      f"`python -m tools.dev.op_profile --workloads={','.join(names)}`.",
       "",
       "| category | " + " | ".join(names) + " |",
       "|---|" + "---:|" * len(names),

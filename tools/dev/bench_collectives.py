@@ -14,8 +14,8 @@ tf.function host loop, as the trainer does. After a warm-up call, the two
 implementations alternate (A B A B ...) for --repetitions rounds; the table
 gives the median and min-max of ms per step.
 
-  python -m tools.bench_collectives          # bench_results/collectives.*
-  python -m tools.bench_collectives --tiny   # smoke test, < 30 s
+  python -m tools.dev.bench_collectives          # bench_results/collectives.*
+  python -m tools.dev.bench_collectives --tiny   # smoke test, < 30 s
 
 The headline ratios are merged into bench_results/summary.json.
 """
@@ -129,6 +129,14 @@ def headline_ratios(summary: dict) -> dict[str, float]:
           for workload, s in summary.items()}
 
 
+def headline_ranges(summary: dict) -> dict[str, list[float]]:
+  """[min, max] of each ratio over the repetitions (paired_range)."""
+  return {f"collectives_{workload}_masked_over_collective":
+          bench_common.paired_range(s["masked"]["runs"],
+                                    s["collective"]["runs"])
+          for workload, s in summary.items()}
+
+
 def markdown_table(summary: dict, setup: dict) -> str:
   lines = [
       "# Distributed-BN group all-reduce: collective vs masked",
@@ -155,7 +163,9 @@ def write_results(output_dir: str, summary: dict,
   os.makedirs(output_dir, exist_ok=True)
   ratios = headline_ratios(summary)
   with open(os.path.join(output_dir, "collectives.json"), "w") as f:
-    json.dump({"setup": setup, "workloads": summary, **ratios}, f, indent=2)
+    json.dump({"setup": setup, "machine": bench_common.machine(),
+               "workloads": summary, **ratios,
+               "headline_ranges": headline_ranges(summary)}, f, indent=2)
   with open(os.path.join(output_dir, "collectives.md"), "w") as f:
     f.write(markdown_table(summary, setup))
   bench_common.merge_summary(output_dir, ratios)

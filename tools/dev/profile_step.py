@@ -10,7 +10,7 @@ its generated JPEGs. Nothing is timed against anything here; this is the
 program to put under `perf` when a ratio of `make bench` needs explaining:
 
   perf record -g -o /tmp/step.perf -- \
-      python -m tools.profile_step --workload=ours --precision=bfloat16
+      python -m tools.dev.profile_step --workload=ours --precision=bfloat16
   perf report -i /tmp/step.perf --no-children --sort dso,symbol
 
 (--bfloat16_conv_kernels=native profiles our model on TensorFlow's bfloat16
