@@ -382,7 +382,7 @@ def define_flags() -> None:
   flags.DEFINE_string("jpeg_dir", "",
                       "Time these JPEGs (*.jpg, *.jpeg; cycled to "
                       "--num_images) instead of generated ones, as "
-                      "data/build_tfrecords.py stores them.")
+                      "`python -m data.build_tfrecords` stores them.")
   flags.DEFINE_bool("progressive_to_baseline", False,
                     "With --jpeg_dir: re-encode progressive JPEGs as "
                     "baseline, as build_tfrecords --progressive_to_baseline.")
