@@ -132,12 +132,11 @@ def keep_until_exit(obj: object) -> None:
 def exit_without_teardown() -> None:
   """Ends a benchmark process once its results are written and printed.
 
-  Freeing the input iterators of several traced trainers waits, idle, in
+  Freeing the input iterators of several traced trainers can wait, idle, in
   tf.data's iterator destructors (`RootDataset::Iterator::~Iterator` waiting
-  on a background thread) for up to minutes on this machine: 3.5 minutes
-  after `bench_bn_groups --tiny`, about one in run J's bench_train; cause
-  not found. Nothing is left to save, so the process skips that teardown;
-  benchmarks with several parts keep their trainers (keep_until_exit).
+  on a background thread) for minutes on a 2-core CPU; cause not found.
+  Nothing is left to save, so the process skips that teardown; benchmarks
+  with several parts keep their trainers (keep_until_exit).
   """
   sys.stdout.flush()
   sys.stderr.flush()

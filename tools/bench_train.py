@@ -21,9 +21,9 @@
    and every other variant here) against glibc's allocator as tf.data leaves
    it (128 KB mmap and trim thresholds), switched by mallopt between calls.
 All variants alternate A B A B ...; medians and min-max are reported. The
-two variants on TensorFlow's bfloat16 conv kernels take 12x longer per step
-on a CPU without bfloat16 arithmetic, so they take part in only the first
---native_bf16_repetitions repetitions.
+two variants on TensorFlow's bfloat16 conv kernels take many times longer per
+step on a CPU without bfloat16 arithmetic, so they take part in only the
+first --native_bf16_repetitions repetitions.
 """
 import dataclasses
 
