@@ -39,9 +39,9 @@ def step_timer(strategy, group_size: int, depth: int, image_size: int,
       input_pipeline.synthetic_dataset_fn(image_size, 1000, batch,
                                           "float32")))
   n = tf.constant(steps)
-  trainer.train_loop(iterator, n).numpy()
+  bench_common.train_steps(trainer, iterator, n)
   return lambda: bench_common.seconds_per_call(
-      lambda: trainer.train_loop(iterator, n).numpy(), 1) / steps
+      lambda: bench_common.train_steps(trainer, iterator, n), 1) / steps
 
 
 def markdown(summary: dict, setup: dict) -> str:

@@ -19,6 +19,7 @@ import tensorflow as tf
 from resnet_tpu import cpu_kernels
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.distributed_batch_norm import DistributedBatchNormalization
+from resnet_tpu.trainer import Trainer
 
 
 def alternate(variants: dict[str, Callable[[], float]], repetitions: int,
@@ -67,6 +68,12 @@ def small_convnet(cfg: TrainConfig) -> keras.Model:
   x = DistributedBatchNormalization(group_size=cfg.bn_group_size)(x)
   x = keras.layers.GlobalAveragePooling2D()(keras.layers.ReLU()(x))
   return keras.Model(inputs, keras.layers.Dense(cfg.num_classes)(x))
+
+
+def train_steps(trainer: Trainer, iterator, num_steps: tf.Tensor) -> None:
+  """Runs `num_steps` training steps in one host-loop call; returns when
+  they are done."""
+  float(trainer.loops.train(iterator, num_steps).nonfinite_steps)
 
 
 def seconds_per_call(fn: Callable[[], object], calls: int) -> float:

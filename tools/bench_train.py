@@ -39,7 +39,7 @@ from resnet_tpu import host_memory
 from resnet_tpu import input_pipeline
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.model import build_resnet
-from resnet_tpu.trainer import dtype_policy
+from resnet_tpu.model import dtype_policy
 from resnet_tpu.trainer import Trainer
 from tools import bench_common
 
@@ -101,9 +101,9 @@ def step_timer(cfg: TrainConfig, model_fn, steps: int):
           cfg.image_size, cfg.num_classes, cfg.global_batch_size,
           cfg.compute_dtype)))
   n = tf.constant(steps)
-  trainer.train_loop(iterator, n).numpy()  # trace + warm up
+  bench_common.train_steps(trainer, iterator, n)  # trace + warm up
   seconds = lambda: bench_common.seconds_per_call(
-      lambda: trainer.train_loop(iterator, n).numpy(), 1) / steps
+      lambda: bench_common.train_steps(trainer, iterator, n), 1) / steps
   return trainer, seconds
 
 
@@ -180,10 +180,10 @@ def bench_host_loop(batch: int, total_steps: int, repetitions: int,
   for per_call in HOST_LOOPS:
     calls = max(1, total_steps // per_call)
     n = tf.constant(min(per_call, total_steps))
-    trainer.train_loop(iterator, n).numpy()
+    bench_common.train_steps(trainer, iterator, n)
     variants[f"steps_per_loop={per_call}"] = (
         lambda n=n, calls=calls: bench_common.seconds_per_call(
-            lambda: trainer.train_loop(iterator, n).numpy(), calls) /
+            lambda: bench_common.train_steps(trainer, iterator, n), calls) /
         int(n))
   runs = bench_common.alternate(variants, repetitions)
   return bench_common.summarise(runs)

@@ -2,7 +2,7 @@
 
 Ying et al. 2018 §3.1 sum BN statistics over groups of replicas. On 8
 virtual CPU replicas, BN groups of 4, this times two implementations of
-resnet_tpu.collectives.group_all_reduce:
+resnet_tpu.bn_all_reduce.group_all_reduce (`--bn_all_reduce`):
 
   collective: one CollectiveReduceV2 per group (cost ~ the group);
   masked:     a full all-reduce of an [N/g, size] one-hot buffer.
@@ -29,7 +29,7 @@ from absl import app
 from absl import flags
 import tensorflow as tf
 
-from resnet_tpu import collectives
+from resnet_tpu import bn_all_reduce
 from resnet_tpu import strategy as strategy_lib
 from resnet_tpu.distributed_batch_norm import DistributedBatchNormalization
 from tools import bench_common
@@ -43,12 +43,13 @@ TINY = dict(batch=2, image_size=4, channels=8, vector_size=1024, steps=2,
             repetitions=2)
 
 
-def _bn_step_fn(strategy, setup: dict) -> Callable:
+def _bn_step_fn(strategy, setup: dict, implementation: str) -> Callable:
   """One BN forward+backward step of a replica."""
   shape = (setup["batch"], setup["image_size"], setup["image_size"],
            setup["channels"])
   with strategy.scope():
-    bn = DistributedBatchNormalization(group_size=GROUP_SIZE)
+    bn = DistributedBatchNormalization(group_size=GROUP_SIZE,
+                                       all_reduce=implementation)
     bn.build((None,) + shape[1:])
   images = tf.random.stateless_normal(shape, seed=(1, 2))
 
@@ -61,13 +62,14 @@ def _bn_step_fn(strategy, setup: dict) -> Callable:
   return replica_step
 
 
-def _all_reduce_fn(strategy, setup: dict) -> Callable:
+def _all_reduce_fn(strategy, setup: dict, implementation: str) -> Callable:
   """One bare group all-reduce of `vector_size` floats."""
   del strategy
   vector = tf.ones([setup["vector_size"]])
 
   def replica_step():
-    return tf.reduce_sum(collectives.group_all_reduce(vector, GROUP_SIZE))
+    return tf.reduce_sum(bn_all_reduce.group_all_reduce(
+        vector, GROUP_SIZE, implementation))
 
   return replica_step
 
@@ -75,8 +77,7 @@ def _all_reduce_fn(strategy, setup: dict) -> Callable:
 WORKLOADS = {"bn_step": _bn_step_fn, "group_all_reduce": _all_reduce_fn}
 
 
-def _host_loop(strategy, replica_step: Callable,
-               implementation: str) -> Callable:
+def _host_loop(strategy, replica_step: Callable) -> Callable:
   """Runs `num_steps` replica steps in one tf.function call."""
 
   @tf.function
@@ -86,13 +87,7 @@ def _host_loop(strategy, replica_step: Callable,
       total += strategy.reduce("SUM", strategy.run(replica_step), axis=None)
     return total
 
-  def call(num_steps: int) -> float:
-    # The implementation is read at trace time: keep the option set for
-    # every call, so the first (tracing) call uses it.
-    with collectives.options(bn_all_reduce=implementation):
-      return float(loop(tf.constant(num_steps)))
-
-  return call
+  return lambda num_steps: float(loop(tf.constant(num_steps)))
 
 
 def measure(setup: dict) -> dict[str, dict[str, list[float]]]:
@@ -101,8 +96,7 @@ def measure(setup: dict) -> dict[str, dict[str, list[float]]]:
   strategy = tf.distribute.MirroredStrategy(devices)
   times = {}
   for workload, build in WORKLOADS.items():
-    replica_step = build(strategy, setup)
-    loops = {name: _host_loop(strategy, replica_step, name)
+    loops = {name: _host_loop(strategy, build(strategy, setup, name))
              for name in IMPLEMENTATIONS}
     for loop in loops.values():
       loop(setup["steps"])  # warm-up: trace, optimise, first run

@@ -31,7 +31,7 @@ from absl import flags
 from absl import logging
 
 from resnet_tpu import host_memory
-from resnet_tpu.bfloat16_convs import BFLOAT16_CONV_KERNELS
+from resnet_tpu.config import BFLOAT16_CONV_KERNELS
 from tools import bench_input
 from tools import bench_train
 
