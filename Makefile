@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 DEMO_DATA := demo_data
 DEMO_RUN := runs/demo
 
-.PHONY: venv test demo bench bench-cpu-kernels profile-ops clean
+.PHONY: venv test test-dev demo bench bench-collectives bench-cpu-kernels \
+	profile-ops clean
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +20,10 @@ venv: $(VENV)/.installed
 test: venv
 	$(PY) -m pytest -q --durations=15
 
+# The developer profilers' tests (tools/dev), left out of `make test`.
+test-dev: venv
+	$(PY) -m pytest -q --durations=15 tests/dev
+
 demo: venv
 	rm -rf $(DEMO_RUN) $(DEMO_DATA)
 	$(PY) -m data.make_synthetic --output_dir=$(DEMO_DATA)/images \
@@ -30,11 +35,11 @@ demo: venv
 	    --output_dir=$(DEMO_DATA)/tfrecords --split=validation --num_shards=2
 	$(PY) main.py --flagfile=flags/cpu_demo.cfg \
 	    --data_dir=$(DEMO_DATA)/tfrecords --model_dir=$(DEMO_RUN)
-	$(PY) tools/export_savedmodel.py --model_dir=$(DEMO_RUN) \
+	$(PY) -m tools.export_savedmodel --model_dir=$(DEMO_RUN) \
 	    --export_dir=$(DEMO_RUN)/export
-	$(PY) tools/evaluate.py --saved_model=$(DEMO_RUN)/export \
+	$(PY) -m tools.evaluate --saved_model=$(DEMO_RUN)/export \
 	    --data_dir=$(DEMO_DATA)/tfrecords
-	$(PY) tools/plot_metrics.py --model_dir=$(DEMO_RUN)
+	$(PY) -m tools.plot_metrics --model_dir=$(DEMO_RUN)
 	@echo "Checkpoints and metrics.jsonl: $(DEMO_RUN)/"
 	@echo "TensorBoard logs: tensorboard --logdir $(DEMO_RUN)"
 	@echo "SavedModel: $(DEMO_RUN)/export   Plot: $(DEMO_RUN)/metrics.png"
@@ -44,23 +49,28 @@ demo: venv
 bench: venv
 	$(PY) -m tools.bench_train --output_dir=bench_results
 	$(PY) -m tools.bench_bn_groups --output_dir=bench_results
-	$(PY) -m tools.bench_collectives --output_dir=bench_results
 	$(PY) -m tools.bench_input --output_dir=bench_results
 	$(PY) -m tools.allreduce_sim --output_dir=bench_results
+	$(PY) -m tools.bench_report --output_dir=bench_results
+
+# Distributed BN's group all-reduce, subgroup collective vs the masked
+# fallback (why --bn_all_reduce=auto picks the collective): under a minute.
+bench-collectives: venv
+	$(PY) -m tools.dev.bench_collectives --output_dir=bench_results
 	$(PY) -m tools.bench_report --output_dir=bench_results
 
 # oneDNN vs Eigen CPU kernels (why resnet_tpu/cpu_kernels.py turns oneDNN
 # on): one process per sample, about 3.5 minutes, so not part of `bench`.
 bench-cpu-kernels: venv
-	$(PY) -m tools.bench_cpu_kernels --output_dir=bench_results
+	$(PY) -m tools.dev.bench_cpu_kernels --output_dir=bench_results
 	$(PY) -m tools.bench_report --output_dir=bench_results
 
 # Op time per category of the float32 ResNet-50 steps and of the BN-group
-# steps (tools/op_profile.py): about 5 minutes, so not part of `bench`.
+# steps (tools/dev/op_profile.py): about 5 minutes, so not part of `bench`.
 profile-ops: venv
-	$(PY) -m tools.op_profile --workloads=ours,ours_v1_layout,keras \
+	$(PY) -m tools.dev.op_profile --workloads=ours,ours_v1_layout,keras \
 	    --output_dir=bench_results
-	$(PY) -m tools.op_profile --workloads=bn_group1,bn_group4,bn_group8 \
+	$(PY) -m tools.dev.op_profile --workloads=bn_group1,bn_group4,bn_group8 \
 	    --output_dir=bench_results
 	$(PY) -m tools.bench_report --output_dir=bench_results
 

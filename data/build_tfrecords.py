@@ -298,8 +298,8 @@ def build(input_dir: str, output_dir: str, split: str, num_shards: int,
   if report.num_progressive_stored:
     logging.warning(
         "%d of %d images are progressive JPEGs, stored as they are: the "
-        "fused decode-and-crop saves nothing on them and they decode about "
-        "2x slower (README 'Performance'); --progressive_to_baseline "
+        "fused decode-and-crop saves nothing on them and they decode more "
+        "slowly (docs/performance-notes.md); --progressive_to_baseline "
         "re-encodes them as baseline JPEGs", report.num_progressive_stored,
         report.num_written)
   return report

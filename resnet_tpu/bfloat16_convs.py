@@ -6,9 +6,9 @@ the products in float32. Where TensorFlow has native bfloat16 convolution
 kernels (TPU, recent GPUs, x86 CPUs with AVX512-BF16 or AMX through oneDNN)
 Keras's Conv2D under the `mixed_bfloat16` policy uses them. On other CPUs
 (AVX2 x86 such as this project's AMD EPYC) TensorFlow runs bfloat16
-convolutions in Eigen's generic kernel, which converts element by element:
-measured here a bfloat16 ResNet-50 step was about 13x slower than float32
-(README "Performance").
+convolutions in Eigen's generic kernel, which converts element by element,
+so a bfloat16 step there is many times slower than a float32 one
+(`ours_bfloat16_native` in bench_results/REPORT.md).
 
 `Conv2D` below can instead widen the bfloat16 operands to float32 (exact:
 every bfloat16 is a float32), convolve with TensorFlow's float32 kernels and

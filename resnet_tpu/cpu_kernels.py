@@ -5,11 +5,11 @@ and matmul: Eigen's (a convolution is im2col + GEMM) and oneDNN's JIT-compiled
 primitives. By default it switches oneDNN on only on x86 CPUs with
 neural-network features such as AVX-512 VNNI/BF16 or AMX (TensorFlow
 community RFC 400); on others, such as the AVX2 AMD EPYC this project is
-developed on, it runs Eigen's. Measured on that machine
-(`python -m tools.bench_cpu_kernels`, README "Performance"), oneDNN trains
-our ResNet-50 faster in float32 (1.16x in one run) and ran the 8-replica
-BN benchmark at 1.2-1.3 s per step instead of 1.7-2.2 s, so our entry
-points turn it on unless the user chose:
+developed on, it runs Eigen's. On that machine oneDNN's kernels train our
+float32 ResNet-50 and the 8-replica BN benchmark faster than Eigen's
+(`python -m tools.dev.bench_cpu_kernels`; figures in
+bench_results/REPORT.md), so our entry points turn them on unless the user
+chose:
 `TF_ENABLE_ONEDNN_OPTS=0` keeps Eigen's kernels. bfloat16 convolutions stay
 Eigen's either way on CPUs without AVX-512 (TensorFlow's oneDNN bf16 needs it);
 resnet_tpu/bfloat16_convs.py widens them to these float32 kernels instead.

@@ -5,9 +5,11 @@ every step. glibc serves blocks above its mmap threshold with fresh mmaps
 and trims the heap top above M_TRIM_THRESHOLD; tf.data fixes the mmap
 threshold at 128 KB (below), which also stops both thresholds from growing,
 so every step faults its buffers in again, page by page, and the kernel
-zeroes each page. `perf` on a float32 ResNet-50 step
-(tools/profile_step.py) showed about a third of the cycles in the kernel's
-page-fault path (exc_page_fault, clear_page_erms).
+zeroes each page: `perf` on a float32 ResNet-50 step
+(`python -m tools.dev.profile_step`) puts a large share of the cycles in the
+kernel's page-fault path (exc_page_fault, clear_page_erms).
+bench_results/REPORT.md ("Host memory") gives the step with and without this
+module.
 
 `keep_freed_memory` sets, with mallopt, a fixed 32 MB mmap threshold (larger
 blocks still get their own mapping) and a 512 MB top pad (the heap keeps that
@@ -19,11 +21,11 @@ CPU training; accelerator memory is not affected.
 tf.data's GeneratorDataset kernel, the first time one is built in a process,
 sets M_MMAP_THRESHOLD back to 128 KB (TensorFlow's Python 3.11 memory patch).
 MirroredStrategy builds one for every multi-device input iterator, after any
-setting made at start-up: on 8 virtual CPU replicas `perf` showed a quarter
-of the cycles in page faults again, since the replicas' threads allocate from
-glibc's per-thread arenas, which fall back to mmap for every block above the
-threshold. `keep_freed_memory` therefore builds one generator dataset first,
-so TensorFlow's setting is spent and ours comes last.
+setting made at start-up: on 8 virtual CPU replicas the page faults come
+back, since the replicas' threads allocate from glibc's per-thread arenas,
+which fall back to mmap for every block above the threshold.
+`keep_freed_memory` therefore builds one generator dataset first, so
+TensorFlow's setting is spent and ours comes last.
 """
 import ctypes
 import ctypes.util

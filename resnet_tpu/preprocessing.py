@@ -17,7 +17,7 @@ Every function returns uint8 pixels (the bilinear resize rounded to the
 nearest level); normalisation is the model's. Handing uint8 to the replicas
 instead of float32 writes and copies a quarter of the bytes per image on the
 host and moves a quarter over the host-to-device link; the model casts on the
-device (measured in tools/bench_input.py).
+device (`python -m tools.bench_input` times both).
 """
 import tensorflow as tf
 

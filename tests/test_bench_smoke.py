@@ -1,6 +1,8 @@
-"""Every benchmark runs at its tiniest setting, so none can rot.
+"""Every benchmark of `make bench` runs at its tiniest setting, so none can
+rot, and REPORT.md renders what the run wrote.
 
-No timing is asserted here: performance lives in `make bench`.
+No timing is asserted here: performance lives in `make bench`. The developer
+profilers (tools/dev) are smoke-tested in tests/dev.
 """
 import json
 import os
@@ -10,6 +12,9 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HEADLINES = {"train.json": ("ours_vs_keras_fp32", "ours_vs_keras_bf16",
+                            "mfu_bf16"),
+             "bn_groups.json": ("bn_group4_vs_group1",)}
 
 
 def _run(module: str, output_dir, *args, timeout=600):
@@ -27,8 +32,6 @@ def results(tmp_path_factory):
        f"--scratch_dir={out}/scratch_train")
   _run("tools.bench_bn_groups", out, "--tiny",
        f"--scratch_dir={out}/scratch_bn")
-  _run("tools.bench_collectives", out, "--tiny")
-  _run("tools.bench_cpu_kernels", out, "--tiny")
   _run("tools.bench_report", out)
   return out
 
@@ -36,38 +39,30 @@ def results(tmp_path_factory):
 def test_training_benchmarks_write_the_summary_keys(results):
   with open(results / "summary.json") as f:
     summary = json.load(f)
-  for key in ("ours_vs_keras_fp32", "ours_vs_keras_bf16", "mfu_bf16",
-              "bn_group4_vs_group1", "onednn_vs_eigen_fp32"):
+  for key in (key for keys in HEADLINES.values() for key in keys):
     assert isinstance(summary[key], float) and summary[key] > 0, key
 
 
-def test_report_holds_every_table(results):
+def test_each_headline_ratio_has_its_range_over_repetitions(results):
+  summary = json.loads((results / "summary.json").read_text())
+  report = (results / "REPORT.md").read_text()
+  for name, keys in HEADLINES.items():
+    ranges = json.loads((results / name).read_text())["headline_ranges"]
+    for key in keys:
+      # --tiny runs one repetition: its pair of samples is the median pair.
+      assert ranges[key] == pytest.approx([summary[key]] * 2), key
+      assert (f" | {summary[key]:.3f} | {ranges[key][0]:.3f}-"
+              f"{ranges[key][1]:.3f} |") in report, key
+
+
+def test_report_holds_every_table_and_no_targets(results):
   text = (results / "REPORT.md").read_text()
   for heading in ("ours vs keras.applications.ResNet50",
                   "Model FLOP utilisation", "Host loop",
-                  "Distributed BN: group size",
-                  "CPU kernels: oneDNN vs Eigen"):
+                  "Distributed BN: group size"):
     assert heading in text
-
-
-def test_profile_step_runs_a_workload_in_a_loop():
-  result = subprocess.run(
-      [sys.executable, "-m", "tools.profile_step", "--workload=matmul",
-       "--precision=float32", "--matmul_size=64", "--seconds=0.2"],
-      cwd=ROOT, capture_output=True, text=True, timeout=120)
-  assert result.returncode == 0, result.stderr[-3000:]
-  assert "matmul float32:" in result.stdout
-
-
-@pytest.mark.parametrize("workload", ["input", "input_ceiling"])
-def test_profile_step_runs_an_input_workload_in_a_loop(workload):
-  result = subprocess.run(
-      [sys.executable, "-m", "tools.profile_step", f"--workload={workload}",
-       "--num_images=4", "--image_size=32", "--input_batch_size=2",
-       "--seconds=0.2"],
-      cwd=ROOT, capture_output=True, text=True, timeout=120)
-  assert result.returncode == 0, result.stderr[-3000:]
-  assert f"{workload}: " in result.stdout
+  assert "| ratio | compares | median | min-max over repetitions |" in text
+  assert "target" not in text and "met |" not in text
 
 
 def test_alternate_gives_slow_variants_only_the_first_repetitions():
@@ -80,13 +75,46 @@ def test_alternate_gives_slow_variants_only_the_first_repetitions():
   assert runs == {"a": [1, 4, 6], "slow": [2], "b": [3, 5, 7]}
 
 
-def test_report_names_the_command_of_a_part_make_bench_does_not_run(tmp_path):
+def test_paired_range_pairs_the_samples_of_one_repetition():
+  from tools import bench_common
+  # A variant with fewer repetitions pairs with the first ones.
+  assert bench_common.paired_range([2.0, 6.0, 3.0], [1.0, 2.0]) == [2.0, 3.0]
+
+
+def test_report_takes_machine_and_ranges_from_the_run_and_names_missing_parts(
+    tmp_path):
+  machine = {"cores": 2, "cpu": "Some CPU", "cpu_features": {"avx2": True},
+             "tensorflow": "2.0", "onednn_kernels": False,
+             "date": "1999-01-01"}
   (tmp_path / "summary.json").write_text('{"bn_group4_vs_group1": 1.2}')
+  (tmp_path / "bn_groups.json").write_text(json.dumps(
+      {"machine": machine,
+       "headline_ranges": {"bn_group4_vs_group1": [1.1, 1.3]}}))
   _run("tools.bench_report", tmp_path)
   text = (tmp_path / "REPORT.md").read_text()
+  assert ("Measured on 2 cores of Some CPU (avx2 yes), TensorFlow 2.0, "
+          "oneDNN CPU kernels off, 1999-01-01.") in text
+  assert ("| `bn_group4_vs_group1` | step time, bn_group_size 4 / 1, 8 CPU "
+          "replicas | 1.200 | 1.100-1.300 |") in text
   assert "(cpu_kernels.md missing: run `make bench-cpu-kernels`.)" in text
-  assert "(train.md missing: its benchmark did not run.)" in text
-  assert "| `bn_group4_vs_group1` | 1.200 | <= 1.10 | **NO** |" in text
+  assert "(train.md missing: run `make bench`.)" in text
+
+
+def test_committed_report_is_the_rendering_of_the_committed_run():
+  from tools import bench_report
+  with open(os.path.join(ROOT, "bench_results", "REPORT.md")) as f:
+    committed = f.read()
+  assert bench_report.report(os.path.join(ROOT, "bench_results")) == committed, (
+      "bench_results/REPORT.md is stale: python -m tools.bench_report")
+
+
+def test_bench_results_holds_one_run():
+  names = set(os.listdir(os.path.join(ROOT, "bench_results")))
+  assert not any(os.path.isdir(os.path.join(ROOT, "bench_results", n))
+                 for n in names), names
+  assert {"REPORT.md", "summary.json", "train.json", "train.md",
+          "bn_groups.json", "bn_groups.md", "input.json", "input.md",
+          "allreduce_sim.json", "allreduce_sim.md"} <= names
 
 
 def test_kept_timers_outlive_their_benchmark_function():
@@ -105,29 +133,3 @@ def test_kept_timers_outlive_their_benchmark_function():
   ref = bench()
   gc.collect()
   assert ref() is not None
-
-
-def test_input_profile_table_groups_perf_lines_by_stage():
-  from tools import input_profile_table as table
-  report = """
-# Samples: 33K of event 'cpu-clock:ppp'
-    48.24%  libtensorflow_cc.so.2   [.] decode_mcu
-     9.51%  libtensorflow_cc.so.2   [.] tensorflow::(anonymous namespace)::resize_image<float>
-     5.11%  libc.so.6               [.] __memmove_avx_unaligned_erms
-     2.54%  [kernel.kallsyms]       [k] finish_task_switch.isra.0
-     1.47%  libtensorflow_cc.so.2   [.] jsimd_ycc_rgb_convert_avx2.columnloop
-     0.93%  libtensorflow_framework.so.2  [.] tensorflow::ExecutorState::Process
-     0.50%  libpython3.11.so.1.0    [.] _PyEval_EvalFrameDefault
-"""
-  shares = table.stage_shares(report)
-  assert shares["JPEG entropy decoding (decode_mcu)"] == 48.24
-  assert shares["bilinear resize"] == 9.51
-  assert shares["memory copies, malloc/free"] == 5.11
-  assert shares["OS kernel (scheduling, faults, syscalls)"] == 2.54
-  assert shares["JPEG IDCT, upsampling, colour conversion"] == 1.47
-  assert shares["TensorFlow runtime (executor, thread pools, tf.data)"] == 0.93
-  assert shares["other"] == 0.5
-  text = table.markdown({"fused": shares, "ceiling": shares})
-  assert "| bilinear resize | 9.5% | 9.5% |" in text
-  with pytest.raises(ValueError, match="no `perf report` sample lines"):
-    table.stage_shares("# nothing\n")

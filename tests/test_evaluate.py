@@ -53,7 +53,7 @@ def trained(tmp_path_factory):
 def test_evaluate_cli_reproduces_in_training_eval_of_same_checkpoint(
     trained):
   result = subprocess.run(
-      [sys.executable, "tools/evaluate.py",
+      [sys.executable, "-m", "tools.evaluate",
        f"--saved_model={trained.export_dir}", f"--data_dir={trained.data_dir}",
        "--batch_size=5"],
       cwd=REPO, text=True, capture_output=True, timeout=120)

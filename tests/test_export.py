@@ -117,7 +117,7 @@ def served(run_dir):
   """Export by the CLI, then the outputs of a fresh TF-only process."""
   root, cfg, reference = run_dir
   export_dir = str(root / "export")
-  run_python("tools/export_savedmodel.py", f"--model_dir={cfg.model_dir}",
+  run_python("-m", "tools.export_savedmodel", f"--model_dir={cfg.model_dir}",
              f"--export_dir={export_dir}")
   records = list(tf.data.TFRecordDataset(
       input_pipeline.split_files(cfg.data_dir, "validation")))

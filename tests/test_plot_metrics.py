@@ -46,7 +46,7 @@ def _line(figure, title, label):
 
 def test_cli_writes_png_to_model_dir_by_default(model_dir):
   result = subprocess.run(
-      [sys.executable, "tools/plot_metrics.py", f"--model_dir={model_dir}"],
+      [sys.executable, "-m", "tools.plot_metrics", f"--model_dir={model_dir}"],
       cwd=REPO, capture_output=True, text=True, timeout=120,
       env={k: v for k, v in os.environ.items() if k != "DISPLAY"})
   assert result.returncode == 0, result.stderr[-3000:]

@@ -39,9 +39,9 @@ def step_timer(strategy, group_size: int, depth: int, image_size: int,
       input_pipeline.synthetic_dataset_fn(image_size, 1000, batch,
                                           "float32")))
   n = tf.constant(steps)
-  trainer.train_loop(iterator, n).numpy()
+  bench_common.train_steps(trainer, iterator, n)
   return lambda: bench_common.seconds_per_call(
-      lambda: trainer.train_loop(iterator, n).numpy(), 1) / steps
+      lambda: bench_common.train_steps(trainer, iterator, n), 1) / steps
 
 
 def markdown(summary: dict, setup: dict) -> str:
@@ -88,10 +88,13 @@ def main(argv: list[str]) -> None:
       bench_common.alternate(timers, setup["repetitions"]))
   ratio = (summary["bn_group_size=4"]["median"] /
            summary["bn_group_size=1"]["median"])
+  spread = bench_common.paired_range(summary["bn_group_size=4"]["runs"],
+                                     summary["bn_group_size=1"]["runs"])
   report = markdown(summary, setup)
   bench_common.write_json(FLAGS.output_dir, "bn_groups.json", {
       "setup": setup, "machine": bench_common.machine(), "summary": summary,
-      "bn_group4_vs_group1": ratio})
+      "bn_group4_vs_group1": ratio,
+      "headline_ranges": {"bn_group4_vs_group1": spread}})
   with open(f"{FLAGS.output_dir}/bn_groups.md", "w") as f:
     f.write(report)
   bench_common.merge_summary(FLAGS.output_dir, {"bn_group4_vs_group1": ratio})

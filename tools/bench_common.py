@@ -19,6 +19,7 @@ import tensorflow as tf
 from resnet_tpu import cpu_kernels
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.distributed_batch_norm import DistributedBatchNormalization
+from resnet_tpu.trainer import Trainer
 
 
 def alternate(variants: dict[str, Callable[[], float]], repetitions: int,
@@ -44,6 +45,18 @@ def summarise(runs: dict[str, list[float]]) -> dict[str, dict]:
           for name, values in runs.items()}
 
 
+def paired_range(numerators: list[float],
+                 denominators: list[float]) -> list[float]:
+  """[min, max] of a ratio over the repetitions of `alternate`.
+
+  Each ratio is taken between the two variants' samples of one repetition,
+  which ran back to back: how far one repetition strays on this machine. A
+  variant with fewer repetitions pairs with the first ones.
+  """
+  pairs = [a / b for a, b in zip(numerators, denominators)]
+  return [min(pairs), max(pairs)]
+
+
 def small_convnet(cfg: TrainConfig) -> keras.Model:
   """conv -> distributed BN -> pool -> dense, for Trainer(model_fn=...).
 
@@ -55,6 +68,12 @@ def small_convnet(cfg: TrainConfig) -> keras.Model:
   x = DistributedBatchNormalization(group_size=cfg.bn_group_size)(x)
   x = keras.layers.GlobalAveragePooling2D()(keras.layers.ReLU()(x))
   return keras.Model(inputs, keras.layers.Dense(cfg.num_classes)(x))
+
+
+def train_steps(trainer: Trainer, iterator, num_steps: tf.Tensor) -> None:
+  """Runs `num_steps` training steps in one host-loop call; returns when
+  they are done."""
+  float(trainer.loops.train(iterator, num_steps).nonfinite_steps)
 
 
 def seconds_per_call(fn: Callable[[], object], calls: int) -> float:
@@ -120,12 +139,11 @@ def keep_until_exit(obj: object) -> None:
 def exit_without_teardown() -> None:
   """Ends a benchmark process once its results are written and printed.
 
-  Freeing the input iterators of several traced trainers waits, idle, in
+  Freeing the input iterators of several traced trainers can wait, idle, in
   tf.data's iterator destructors (`RootDataset::Iterator::~Iterator` waiting
-  on a background thread) for up to minutes on this machine: 3.5 minutes
-  after `bench_bn_groups --tiny`, about one in run J's bench_train; cause
-  not found. Nothing is left to save, so the process skips that teardown;
-  benchmarks with several parts keep their trainers (keep_until_exit).
+  on a background thread) for minutes on a 2-core CPU; cause not found.
+  Nothing is left to save, so the process skips that teardown; benchmarks
+  with several parts keep their trainers (keep_until_exit).
   """
   sys.stdout.flush()
   sys.stderr.flush()

@@ -294,14 +294,11 @@ def headline_ratios(summary: dict[str, dict]) -> dict[str, float]:
 
 
 def headline_ranges(summary: dict[str, dict]) -> dict[str, list[float]]:
-  """[min, max] of each headline ratio over the repetitions, each taken
-  between the two variants' windows of one repetition: how far a single
-  pair of windows strays on this machine."""
-  ranges = {}
-  for key, (num, den) in HEADLINES.items():
-    pairs = [a / b for a, b in zip(summary[num]["runs"], summary[den]["runs"])]
-    ranges[key] = [min(pairs), max(pairs)]
-  return ranges
+  """[min, max] of each headline ratio over the repetitions' pairs of
+  windows (bench_common.paired_range)."""
+  return {key: bench_common.paired_range(summary[num]["runs"],
+                                         summary[den]["runs"])
+          for key, (num, den) in HEADLINES.items()}
 
 
 def seconds_table(caption: str, row: str, unit: str,
@@ -365,7 +362,8 @@ def write_results(output_dir: str, summary: dict[str, dict], setup: dict,
   decode_ratio = (decodes[DECODE_FULL]["median"] /
                   decodes[DECODE_FUSED]["median"])
   with open(os.path.join(output_dir, "input.json"), "w") as f:
-    json.dump({"setup": setup, "variants": summary, "decode_alone": decodes,
+    json.dump({"setup": setup, "machine": bench_common.machine(),
+               "variants": summary, "decode_alone": decodes,
                "decode_alone_fused_vs_full": decode_ratio,
                "headline_ranges": headline_ranges(summary),
                "resize_kernels": kernels, **ratios}, f, indent=2)
@@ -384,7 +382,7 @@ def define_flags() -> None:
   flags.DEFINE_string("jpeg_dir", "",
                       "Time these JPEGs (*.jpg, *.jpeg; cycled to "
                       "--num_images) instead of generated ones, as "
-                      "data/build_tfrecords.py stores them.")
+                      "`python -m data.build_tfrecords` stores them.")
   flags.DEFINE_bool("progressive_to_baseline", False,
                     "With --jpeg_dir: re-encode progressive JPEGs as "
                     "baseline, as build_tfrecords --progressive_to_baseline.")

@@ -21,9 +21,9 @@
    and every other variant here) against glibc's allocator as tf.data leaves
    it (128 KB mmap and trim thresholds), switched by mallopt between calls.
 All variants alternate A B A B ...; medians and min-max are reported. The
-two variants on TensorFlow's bfloat16 conv kernels take 12x longer per step
-on a CPU without bfloat16 arithmetic, so they take part in only the first
---native_bf16_repetitions repetitions.
+two variants on TensorFlow's bfloat16 conv kernels take many times longer per
+step on a CPU without bfloat16 arithmetic, so they take part in only the
+first --native_bf16_repetitions repetitions.
 """
 import dataclasses
 
@@ -39,7 +39,7 @@ from resnet_tpu import host_memory
 from resnet_tpu import input_pipeline
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.model import build_resnet
-from resnet_tpu.trainer import dtype_policy
+from resnet_tpu.model import dtype_policy
 from resnet_tpu.trainer import Trainer
 from tools import bench_common
 
@@ -101,9 +101,9 @@ def step_timer(cfg: TrainConfig, model_fn, steps: int):
           cfg.image_size, cfg.num_classes, cfg.global_batch_size,
           cfg.compute_dtype)))
   n = tf.constant(steps)
-  trainer.train_loop(iterator, n).numpy()  # trace + warm up
+  bench_common.train_steps(trainer, iterator, n)  # trace + warm up
   seconds = lambda: bench_common.seconds_per_call(
-      lambda: trainer.train_loop(iterator, n).numpy(), 1) / steps
+      lambda: bench_common.train_steps(trainer, iterator, n), 1) / steps
   return trainer, seconds
 
 
@@ -180,10 +180,10 @@ def bench_host_loop(batch: int, total_steps: int, repetitions: int,
   for per_call in HOST_LOOPS:
     calls = max(1, total_steps // per_call)
     n = tf.constant(min(per_call, total_steps))
-    trainer.train_loop(iterator, n).numpy()
+    bench_common.train_steps(trainer, iterator, n)
     variants[f"steps_per_loop={per_call}"] = (
         lambda n=n, calls=calls: bench_common.seconds_per_call(
-            lambda: trainer.train_loop(iterator, n).numpy(), calls) /
+            lambda: bench_common.train_steps(trainer, iterator, n), calls) /
         int(n))
   runs = bench_common.alternate(variants, repetitions)
   return bench_common.summarise(runs)
@@ -210,6 +210,21 @@ def ratios(models: dict) -> dict[str, float]:
       "ours_bf16_vs_ours_fp32": s["ours_bfloat16"] / s["ours_float32"],
       "mfu_bf16_of_fp32_peak": s["ours_bfloat16"] * flops["ours_bfloat16"] /
                                s["matmul_float32"],
+  }
+
+
+def headline_ranges(models: dict) -> dict[str, list[float]]:
+  """[min, max] over the repetitions of each ratio merged into summary.json
+  (bench_common.paired_range)."""
+  runs = {name: v["runs"] for name, v in models["summary"].items()}
+  flops = models["train_flops_per_image"]["ours_bfloat16"]
+  return {
+      "ours_vs_keras_fp32": bench_common.paired_range(runs["ours_float32"],
+                                                      runs["keras_float32"]),
+      "ours_vs_keras_bf16": bench_common.paired_range(runs["ours_bfloat16"],
+                                                      runs["keras_bfloat16"]),
+      "mfu_bf16": bench_common.paired_range(
+          [r * flops for r in runs["ours_bfloat16"]], runs["matmul_bfloat16"]),
   }
 
 
@@ -348,7 +363,8 @@ def main(argv: list[str]) -> None:
   report = markdown(models, host_loop, result, setup)
   bench_common.write_json(FLAGS.output_dir, "train.json", {
       "setup": setup, "machine": bench_common.machine(), "models": models,
-      "host_loop": host_loop, "ratios": result})
+      "host_loop": host_loop, "ratios": result,
+      "headline_ranges": headline_ranges(models)})
   with open(f"{FLAGS.output_dir}/train.md", "w") as f:
     f.write(report)
   bench_common.merge_summary(FLAGS.output_dir, {

@@ -1,6 +1,6 @@
 """Top-1/top-5 of an exported SavedModel on every example of a TFRecord split.
 
-  python tools/evaluate.py --saved_model=E --data_dir=D [--split=validation] \\
+  python -m tools.evaluate --saved_model=E --data_dir=D [--split=validation] \\
       [--batch_size=256]
 
 Feeds the raw encoded JPEGs of the records to the `serve_jpeg` signature, so
@@ -14,19 +14,15 @@ on stdout is one JSON object: {"top1", "top5", "examples"[, "errors"]}.
 import dataclasses
 import json
 import os
-import sys
 import time
 
-# Run as a script, the repository root is not on sys.path.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app
+from absl import flags
+from absl import logging
+import tensorflow as tf
 
-from absl import app  # noqa: E402
-from absl import flags  # noqa: E402
-from absl import logging  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-from resnet_tpu.input_pipeline import split_files  # noqa: E402
-from resnet_tpu.input_pipeline import SPLITS  # noqa: E402
+from resnet_tpu.input_pipeline import split_files
+from resnet_tpu.input_pipeline import SPLITS
 
 FLAGS = flags.FLAGS
 _FEATURES = {
@@ -66,7 +62,7 @@ def load_export(saved_model: str):
   if not tf.io.gfile.exists(os.path.join(saved_model, "saved_model.pb")):
     raise ValueError(f"--saved_model={saved_model!r} is not a SavedModel "
                      "folder (no saved_model.pb); write one with "
-                     "tools/export_savedmodel.py.")
+                     "`python -m tools.export_savedmodel`.")
   loaded = tf.saved_model.load(saved_model)
   if "serve_jpeg" not in loaded.signatures or not hasattr(loaded,
                                                           "label_offset"):
@@ -133,9 +129,9 @@ def evaluate(saved_model: str, data_dir: str, split: str = "validation",
 
 def define_flags() -> None:
   flags.DEFINE_string("saved_model", None, "SavedModel folder written by "
-                      "tools/export_savedmodel.py.")
+                      "`python -m tools.export_savedmodel`.")
   flags.DEFINE_string("data_dir", None, "Folder of train-*/validation-* "
-                      "TFRecords (data/build_tfrecords.py).")
+                      "TFRecords (`python -m data.build_tfrecords`).")
   flags.DEFINE_enum("split", "validation", list(SPLITS), "Split to evaluate.")
   flags.DEFINE_integer("batch_size", 256, "Images per serve_jpeg call.")
   flags.mark_flags_as_required(["saved_model", "data_dir"])

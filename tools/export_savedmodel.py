@@ -1,21 +1,16 @@
 """Exports a run's checkpoint as a serving SavedModel (resnet_tpu/export.py).
 
-  python tools/export_savedmodel.py --model_dir=M --export_dir=E \\
+  python -m tools.export_savedmodel --model_dir=M --export_dir=E \\
       [--checkpoint=M/ckpt-300]
 
 The network comes from <model_dir>/config.json; the checkpoint is the latest
 of --model_dir unless --checkpoint names one.
 """
-import os
-import sys
 
-# Run as a script, the repository root is not on sys.path.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app
+from absl import flags
 
-from absl import app  # noqa: E402
-from absl import flags  # noqa: E402
-
-from resnet_tpu import export  # noqa: E402
+from resnet_tpu import export
 
 FLAGS = flags.FLAGS
 

@@ -1,6 +1,6 @@
 """Training curves of a run as one PNG, from <model_dir>/metrics.jsonl.
 
-  python tools/plot_metrics.py --model_dir=M [--output=M/metrics.png]
+  python -m tools.plot_metrics --model_dir=M [--output=M/metrics.png]
 
 Six panels: train/eval loss, train/eval top-1 against step and against wall
 time, top-5, train images/s and the learning rate. Wall time continues across
@@ -8,18 +8,14 @@ resumed runs (each run's elapsed_s restarts at 0). Rendered with the Agg
 backend, so it needs no display.
 """
 import os
-import sys
 
-# Run as a script, the repository root is not on sys.path.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app
+from absl import flags
+from absl import logging
+from matplotlib.figure import Figure
+import tensorflow as tf
 
-from absl import app  # noqa: E402
-from absl import flags  # noqa: E402
-from absl import logging  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-from resnet_tpu.metrics_log import read_metrics  # noqa: E402
+from resnet_tpu.metrics_log import read_metrics
 
 FLAGS = flags.FLAGS
 SPLITS = ("train", "eval")

@@ -1,0 +1,70 @@
+"""One way to run every script: `python -m tools.NAME` / `python -m
+data.NAME` from the repository root (main.py: `python main.py`), written the
+same way in every docstring, usage line and Makefile recipe."""
+import ast
+import glob
+import os
+import re
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT_DIRS = ("tools", "tools/dev", "data")
+# README.md is rewritten apart; its commands are checked there.
+CHECKED = ("Makefile", "colab_demo.ipynb", "*.py", "docs/*.md", "flags/*.cfg",
+           "resnet_tpu/*.py", "tools/*.py", "tools/dev/*.py", "data/*.py",
+           "tests/*.py", "tests/dev/*.py")
+
+
+def _module(path: str) -> str:
+  return os.path.relpath(path, ROOT)[:-len(".py")].replace(os.sep, ".")
+
+
+def _scripts() -> list[str]:
+  paths = []
+  for folder in SCRIPT_DIRS:
+    for path in sorted(glob.glob(os.path.join(ROOT, folder, "*.py"))):
+      with open(path) as f:
+        if 'if __name__ == "__main__":' in f.read():
+          paths.append(path)
+  return paths
+
+
+def test_every_script_docstring_shows_its_python_m_command():
+  scripts = _scripts()
+  assert len(scripts) >= 15
+  for path in scripts:
+    with open(path) as f:
+      docstring = ast.get_docstring(ast.parse(f.read())) or ""
+    assert f"python -m {_module(path)}" in docstring, path
+
+
+def test_no_text_runs_a_script_by_its_path():
+  # A script run by its file path: `python` then the path in prose, the
+  # quoted path as an argument in code.
+  direct = re.compile(r"python3? +(?:tools|data)/\w|"
+                      r"[\"'](?:tools|data)/[\w/]+\.py[\"']")
+  for pattern in CHECKED:
+    for path in glob.glob(os.path.join(ROOT, pattern)):
+      with open(path) as f:
+        for number, line in enumerate(f, 1):
+          assert not direct.search(line), f"{path}:{number}: {line.strip()}"
+  with open(os.path.join(ROOT, "Makefile")) as f:
+    recipes = [line for line in f if line.startswith("\t")]
+  assert not any(re.search(r"\$\(PY\) +(?:tools|data)/", r) for r in recipes)
+
+
+def test_every_python_m_module_named_exists():
+  named = {}
+  for pattern in CHECKED:
+    for path in glob.glob(os.path.join(ROOT, pattern)):
+      with open(path) as f:
+        for module in re.findall(r"-m ((?:tools|data)(?:\.\w+)+)", f.read()):
+          named.setdefault(module, path)
+  assert "tools.bench_train" in named  # from the Makefile
+  for module, path in named.items():
+    if module.endswith(".NAME"):
+      continue
+    base = os.path.join(ROOT, *module.split("."))
+    # A package is named before `.<name>` in prose.
+    assert (os.path.exists(base + ".py") or
+            os.path.exists(os.path.join(base, "__init__.py"))), (
+                f"{path} names {module}")
