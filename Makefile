@@ -6,8 +6,8 @@ PY := $(VENV)/bin/python
 DEMO_DATA := demo_data
 DEMO_RUN := runs/demo
 
-.PHONY: venv test test-dev demo bench bench-collectives bench-cpu-kernels \
-	profile-ops clean
+.PHONY: venv test test-dev test-compat check-requirements demo bench \
+	bench-collectives bench-cpu-kernels profile-ops clean
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,35 @@ test: venv
 # The developer profilers' tests (tools/dev), left out of `make test`.
 test-dev: venv
 	$(PY) -m pytest -q --durations=15 tests/dev
+
+# The core of the suite on TensorFlow 2.19.1 and the Keras of
+# requirements-tpu.txt (requirements-compat.txt, the TPU wheel's CPU twin):
+# the private TF and Keras APIs, distributed BN, collectives, optimizers,
+# schedules, trainer equivalence, exact resume, main.py and export.
+COMPAT_PYTHON ?= $(PYTHON)
+COMPAT_VENV := .venv-tf219
+COMPAT_PY := $(COMPAT_VENV)/bin/python
+COMPAT_TESTS := tests/test_compat.py tests/test_distributed_batch_norm.py \
+    tests/test_bn_all_reduce.py tests/test_gradient_all_reduce.py \
+    tests/test_lars.py tests/test_rmsprop_warmup.py tests/test_schedules.py \
+    tests/test_trainer.py tests/test_resume_exact.py tests/test_main.py \
+    tests/test_export.py tests/test_config.py
+
+$(COMPAT_VENV)/.installed: requirements-compat.txt
+	$(COMPAT_PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_PY) -m pip install --quiet --upgrade pip
+	$(COMPAT_PY) -m pip install --quiet -r requirements-compat.txt
+	touch $@
+
+test-compat: $(COMPAT_VENV)/.installed
+	$(COMPAT_PY) -m pytest -q --durations=10 $(COMPAT_TESTS)
+
+# pip resolves every requirements*.txt for the lowest and highest Python it
+# claims. Installs nothing, but downloads each TensorFlow wheel (a few GB in
+# all), so CI runs tests/test_requirements.py against the recorded metadata
+# instead.
+check-requirements: venv
+	$(PY) -m requirements.wheel_metadata --resolve
 
 demo: venv
 	rm -rf $(DEMO_RUN) $(DEMO_DATA)

@@ -31,5 +31,5 @@ def test_notebook_trains_exports_evaluates_and_classifies_on_cpu(
   assert (tmp_path / "model" / "export" / "saved_model.pb").exists()
   outputs = "".join(o.get("text", "") for cell in notebook.cells
                     if cell.cell_type == "code" for o in cell.outputs)
-  assert "Requirements: nothing to install." in outputs
+  assert "Requirements: nothing to install (requirements.txt)." in outputs
   assert "No TPU: training on CPU replicas" in outputs

@@ -1,0 +1,157 @@
+"""Every requirements*.txt pins published wheels that install together.
+
+requirements/wheels.json records what each pinned wheel declares on PyPI
+(`python -m requirements.wheel_metadata` rewrites it after a pin changes);
+these tests check the pins against it offline. `make check-requirements` asks
+pip to resolve each file for real.
+"""
+import os
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
+
+from requirements import wheel_metadata
+
+FILES = {os.path.basename(p): wheel_metadata.read_pins(p)
+         for p in wheel_metadata.requirement_files()}
+WHEELS = wheel_metadata.load()
+TENSORFLOWS = ("tensorflow", "tensorflow-cpu", "tensorflow-tpu",
+               "tensorflow-intel")
+
+
+def _pythons(name: str) -> list[str]:
+  """The Python minor versions that file `name` claims to support."""
+  claim = SpecifierSet(FILES[name]["requires_python"])
+  return [p for p in wheel_metadata.PYTHONS if claim.contains(p)]
+
+
+def _declared(name: str, python: str) -> list[tuple[str, Requirement]]:
+  """(pinned package, requirement) pairs that apply on Linux x86_64.
+
+  Pins without a record declare nothing here (the record test names them).
+  """
+  declared = []
+  for package, (version, extras) in FILES[name]["pins"].items():
+    wheel = WHEELS.get(f"{package}=={version}", {"requires_dist": []})
+    for text in wheel["requires_dist"]:
+      requirement = Requirement(text)
+      environment = {"python_version": python,
+                     "python_full_version": python + ".0",
+                     "sys_platform": "linux", "platform_system": "Linux",
+                     "platform_machine": "x86_64", "os_name": "posix",
+                     "implementation_name": "cpython",
+                     "platform_python_implementation": "CPython"}
+      if requirement.marker is None or any(
+          requirement.marker.evaluate({**environment, "extra": extra})
+          for extra in ("",) + extras):
+        declared.append((package, requirement))
+  return declared
+
+
+def _tensorflow(name: str) -> str:
+  """The one TensorFlow distribution that file `name` pins."""
+  found = [p for p in FILES[name]["pins"] if p in TENSORFLOWS]
+  assert len(found) == 1, f"{name} pins {found}, not one TensorFlow"
+  return found[0]
+
+
+def test_there_is_one_requirements_file_per_target():
+  assert sorted(FILES) == ["requirements-compat.txt", "requirements-gpu.txt",
+                           "requirements-tpu.txt", "requirements.txt"]
+
+
+@pytest.mark.parametrize("name", sorted(FILES))
+def test_every_file_states_the_pythons_it_supports(name):
+  assert FILES[name]["requires_python"], (
+      f"{name} lacks a '# requires-python: SPEC' line")
+  assert _pythons(name), f"{name} claims no Python in {wheel_metadata.PYTHONS}"
+
+
+@pytest.mark.parametrize("name", sorted(FILES))
+def test_every_pin_names_a_published_wheel_whose_metadata_was_recorded(name):
+  unrecorded = [f"{p}=={v}" for p, (v, _) in FILES[name]["pins"].items()
+                if f"{p}=={v}" not in WHEELS]
+  assert not unrecorded, (
+      f"{name}: {unrecorded} not in requirements/wheels.json; a version that "
+      "PyPI does not publish, or run python -m requirements.wheel_metadata")
+
+
+@pytest.mark.parametrize("name", sorted(FILES))
+def test_every_pin_falls_inside_the_ranges_its_other_pins_declare(name):
+  pins = FILES[name]["pins"]
+  outside = {
+      f"{r.name}=={pins[canonicalize_name(r.name)][0]} outside "
+      f"{package}'s {r.specifier} (Python {python})"
+      for python in _pythons(name) for package, r in _declared(name, python)
+      if canonicalize_name(r.name) in pins and not r.specifier.contains(
+          pins[canonicalize_name(r.name)][0], prereleases=True)}
+  assert not outside, f"{name}: {sorted(outside)}"
+
+
+@pytest.mark.parametrize("name", sorted(FILES))
+def test_every_file_pins_the_keras_tensorboard_numpy_and_libtpu_its_tensorflow_declares(
+    name):
+  tensorflow = _tensorflow(name)
+  required = {canonicalize_name(r.name) for python in _pythons(name)
+              for package, r in _declared(name, python)
+              if package == tensorflow}
+  unpinned = [p for p in ("keras", "tensorboard", "numpy", "libtpu")
+              if p in required and p not in FILES[name]["pins"]]
+  assert not unpinned, f"{name} leaves {unpinned} to the resolver"
+
+
+@pytest.mark.parametrize("name", sorted(FILES))
+def test_every_pin_has_a_wheel_for_every_python_its_file_claims(name):
+  missing = []
+  for package, (version, _) in FILES[name]["pins"].items():
+    wheel = WHEELS.get(f"{package}=={version}")
+    if wheel is None:
+      continue  # the record test names it
+    for python in _pythons(name):
+      if not SpecifierSet(wheel["requires_python"] or "").contains(python):
+        missing.append(f"{package}=={version} Requires-Python "
+                       f"{wheel['requires_python']} excludes {python}")
+      elif wheel["wheel_pythons"] is not None and (
+          python not in wheel["wheel_pythons"]):
+        missing.append(f"{package}=={version} has no cp{python} wheel")
+  assert not missing, f"{name}: {missing}"
+
+
+def test_tpu_requirements_install_on_the_python_3_10_of_tpu_vm_images():
+  assert "3.10" in _pythons("requirements-tpu.txt")
+
+
+@pytest.mark.parametrize("name", sorted(FILES))
+def test_no_file_installs_a_second_tensorflow_beside_its_own(name):
+  tensorflow = _tensorflow(name)
+  pulled = {f"{package} requires {r}" for python in _pythons(name)
+            for package, r in _declared(name, python)
+            if canonicalize_name(r.name) in TENSORFLOWS
+            and canonicalize_name(r.name) != tensorflow}
+  assert not pulled, f"{name} would install {sorted(pulled)}"
+
+
+def test_tpu_requirements_install_tensorflow_tpu_with_the_libtpu_it_names():
+  assert _tensorflow("requirements-tpu.txt") == "tensorflow-tpu"
+  assert "libtpu" in FILES["requirements-tpu.txt"]["pins"]
+
+
+def test_gpu_requirements_are_requirements_txt_with_tensorflows_cuda_extra():
+  cpu, gpu = (FILES["requirements.txt"], FILES["requirements-gpu.txt"])
+  version, extras = gpu["pins"]["tensorflow"]
+  assert extras == ("and-cuda",)
+  assert any("extra ==" in r and "and-cuda" in r
+             for r in WHEELS[f"tensorflow=={version}"]["requires_dist"])
+  assert {**gpu["pins"], "tensorflow": (version, ())} == cpu["pins"]
+  assert gpu["requires_python"] == cpu["requires_python"]
+
+
+def test_compat_requirements_are_the_tpu_pins_with_tensorflow_cpu_for_tensorflow_tpu():
+  tpu, compat = (FILES["requirements-tpu.txt"],
+                 FILES["requirements-compat.txt"])
+  assert compat["pins"]["tensorflow-cpu"] == tpu["pins"]["tensorflow-tpu"]
+  for package in ("keras", "tensorboard", "numpy", "absl-py", "matplotlib"):
+    assert compat["pins"][package] == tpu["pins"][package], package
+  assert compat["requires_python"] == tpu["requires_python"]
