@@ -91,6 +91,7 @@ class TrainConfig:
   input_dtype: str = "uint8"
   # Host.
   keep_host_memory: bool = True
+  cpu_onednn: str = "auto"  # read before TensorFlow loads (process_setup.py)
   # Export.
   export_dir: str = ""
 

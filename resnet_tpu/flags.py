@@ -111,6 +111,12 @@ HELP = {
                         "mmap threshold, 512 MB top pad) so CPU training "
                         "steps do not page-fault their buffers in every "
                         "step (resnet_tpu/host_memory.py).",
+    "cpu_onednn": "TensorFlow's oneDNN CPU kernels: auto (on when the model "
+                  "runs on CPU devices: --strategy=cpu, or auto with no "
+                  "--tpu, TF_CONFIG or visible NVIDIA GPU; else "
+                  "TensorFlow's default), on or off. A "
+                  "TF_ENABLE_ONEDNN_OPTS you set wins "
+                  "(resnet_tpu/process_setup.py).",
     "export_dir": "Write a serving SavedModel of the final checkpoint "
                   "here (tools/export_savedmodel.py); empty = no export.",
 }
