@@ -1,33 +1,20 @@
-"""TensorFlow's oneDNN CPU kernels, on by default for our programs.
+"""TensorFlow's oneDNN CPU kernels: on for runs whose model is on CPU devices.
 
 TensorFlow ships two sets of CPU kernels for convolutions, batch norm, pooling
 and matmul: Eigen's (a convolution is im2col + GEMM) and oneDNN's JIT-compiled
 primitives. By default it switches oneDNN on only on x86 CPUs with
 neural-network features such as AVX-512 VNNI/BF16 or AMX (TensorFlow
-community RFC 400); on others, such as the AVX2 AMD EPYC this project is
-developed on, it runs Eigen's. Measured on that machine
-(`python -m tools.bench_cpu_kernels`, README "Performance"), oneDNN trains
-our ResNet-50 faster in float32 (1.16x in one run) and ran the 8-replica
-BN benchmark at 1.2-1.3 s per step instead of 1.7-2.2 s, so our entry
-points turn it on unless the user chose:
-`TF_ENABLE_ONEDNN_OPTS=0` keeps Eigen's kernels. bfloat16 convolutions stay
-Eigen's either way on CPUs without AVX-512 (TensorFlow's oneDNN bf16 needs it);
-resnet_tpu/bfloat16_convs.py widens them to these float32 kernels instead.
-
-TensorFlow reads the switch once, when it loads, so `import resnet_tpu` must
-come before `import tensorflow`: main.py, tools/__init__.py,
-tests/conftest.py and the notebook do that. Nothing changes on TPU or GPU.
+community RFC 400); on others, such as AVX2 CPUs, it runs Eigen's. On an
+AVX2 AMD EPYC, oneDNN trains our float32 ResNet-50 and the 8-replica BN
+benchmark faster (`python -m tools.bench_cpu_kernels`, README
+"Performance"), so `--cpu_onednn=auto` turns it on for CPU runs
+(process_setup.apply_cpu_kernel_choice) and leaves TensorFlow's default on
+TPU and GPU hosts, where it was never measured. `TF_ENABLE_ONEDNN_OPTS=0` or
+`1` set by the user wins. bfloat16 convolutions stay Eigen's either way on
+CPUs without AVX-512 (TensorFlow's oneDNN bf16 needs it);
+resnet_tpu/bfloat16_convs.py widens them to float32 kernels instead.
 """
-import os
-import sys
-
 ONEDNN_ENV = "TF_ENABLE_ONEDNN_OPTS"
-
-
-def default_onednn_on() -> None:
-  """Sets TF_ENABLE_ONEDNN_OPTS=1 unless the user set it (before TF loads)."""
-  if "tensorflow" not in sys.modules:
-    os.environ.setdefault(ONEDNN_ENV, "1")
 
 
 def cpu_flags() -> frozenset[str]:

@@ -20,6 +20,10 @@ import time
 # Run as a script, the repository root is not on sys.path.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from resnet_tpu import process_setup  # noqa: E402
+
+process_setup.quiet_tensorflow_logs()  # before TensorFlow loads
+
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 from absl import logging  # noqa: E402
