@@ -53,6 +53,7 @@ test-compat: $(COMPAT_VENV)/.installed
 check-requirements: venv
 	$(PY) -m requirements.wheel_metadata --resolve
 
+demo: DEMO_START := $(shell date +%s)
 demo: venv
 	rm -rf $(DEMO_RUN) $(DEMO_DATA)
 	$(PY) -m data.make_synthetic --output_dir=$(DEMO_DATA)/images \
@@ -67,11 +68,11 @@ demo: venv
 	$(PY) -m tools.export_savedmodel --model_dir=$(DEMO_RUN) \
 	    --export_dir=$(DEMO_RUN)/export
 	$(PY) -m tools.evaluate --saved_model=$(DEMO_RUN)/export \
-	    --data_dir=$(DEMO_DATA)/tfrecords
+	    --data_dir=$(DEMO_DATA)/tfrecords > $(DEMO_RUN)/saved_model_eval.json
 	$(PY) -m tools.plot_metrics --model_dir=$(DEMO_RUN)
-	@echo "Checkpoints and metrics.jsonl: $(DEMO_RUN)/"
-	@echo "TensorBoard logs: tensorboard --logdir $(DEMO_RUN)"
-	@echo "SavedModel: $(DEMO_RUN)/export   Plot: $(DEMO_RUN)/metrics.png"
+	@$(PY) -m tools.demo_summary --model_dir=$(DEMO_RUN) \
+	    --saved_model_eval=$(DEMO_RUN)/saved_model_eval.json \
+	    --start_time=$(DEMO_START)
 
 # Each benchmark alternates its variants and merges its headline ratios into
 # bench_results/summary.json; bench_report assembles REPORT.md.

@@ -3,31 +3,49 @@
 Flags are defined in resnet_tpu/flags.py; see README.md for the reference.
 Exit codes: 0 done, 42 preempted (SIGTERM; a checkpoint was written, run the
 same command to resume), 43 another worker was lost (restart all workers),
-1 any error.
+1 any error (a user error prints its message without a traceback).
+
+TensorFlow loads only after `set_up_process` has chosen its C++ log level
+and CPU kernels (resnet_tpu/process_setup.py), which it reads once, when it
+loads: the flags and the config they fill import no TensorFlow.
 """
 import sys
 
-import resnet_tpu  # noqa: F401  (before TensorFlow: resnet_tpu/cpu_kernels.py)
 from absl import app
 from absl import flags
 from absl import logging
-import tensorflow as tf
 
 from resnet_tpu import flags as resnet_flags
-from resnet_tpu import preemption
-from resnet_tpu.config import ConfigError
-from resnet_tpu.run import run
-from resnet_tpu.trainer import ModelFn
+from resnet_tpu import process_setup
 
 resnet_flags.define_flags()
 FLAGS = flags.FLAGS
 
 
-def main(argv: list[str], model_fn: ModelFn | None = None) -> None:
+def set_up_process() -> str:
+  """Chooses TensorFlow's logs and CPU kernels from the parsed flags, before
+  TensorFlow loads; says what it chose."""
+  process_setup.quiet_tensorflow_logs()
+  return process_setup.apply_cpu_kernel_choice(
+      FLAGS.cpu_onednn, process_setup.startup_kind(FLAGS.strategy, FLAGS.tpu))
+
+
+def main(argv: list[str], model_fn=None) -> None:
   """Trains the TrainConfig of the flags; `model_fn` (tests) replaces the
-  ResNet."""
+  ResNet (trainer.ModelFn)."""
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  chosen = set_up_process()
+  # pylint: disable=g-import-not-at-top  (after set_up_process)
+  import tensorflow as tf
+
+  from resnet_tpu import cpu_kernels
+  from resnet_tpu import preemption
+  from resnet_tpu.config import ConfigError
+  from resnet_tpu.run import run
+  # pylint: enable=g-import-not-at-top
+  logging.info("CPU kernels: %s; TensorFlow runs oneDNN's: %s", chosen,
+               "yes" if cpu_kernels.onednn_enabled() else "no")
   # tf.distribute logs every collective it builds at INFO; keep ours readable.
   tf.get_logger().setLevel("WARNING")
   cfg = resnet_flags.config_from_flags(FLAGS)
@@ -42,4 +60,5 @@ def main(argv: list[str], model_fn: ModelFn | None = None) -> None:
 
 
 if __name__ == "__main__":
+  process_setup.quiet_tensorflow_logs()  # before absl's own start-up
   app.run(main)

@@ -1,0 +1,8 @@
+"""Dataset builders; run as `python -m data.<name>`.
+
+Quiets TensorFlow's C++ start-up logs before a builder loads it
+(resnet_tpu/process_setup.py).
+"""
+from resnet_tpu import process_setup
+
+process_setup.quiet_tensorflow_logs()

@@ -24,6 +24,7 @@ GRADIENT_ALL_REDUCE = ("auto", "ring", "2d")
 OPTIMIZERS = ("momentum", "lars", "rmsprop_warmup")
 SCHEDULES = ("polynomial", "cosine", "step", "slow_start", "constant")
 INPUT_DTYPES = ("uint8", "compute")
+CPU_ONEDNN = ("auto", "on", "off")
 # The network downsamples by 32; below this the last stage sees < 1 pixel.
 MIN_IMAGE_SIZE = 32
 
@@ -107,6 +108,7 @@ class TrainConfig:
   # Host.
   keep_host_memory: bool = True
   collective_timeout_s: float = 0.0
+  cpu_onednn: str = "auto"  # read before TensorFlow loads (process_setup.py)
   # Export.
   export_dir: str = ""
 
@@ -223,6 +225,7 @@ CHOICES: dict[str, tuple] = {
     "optimizer": OPTIMIZERS,
     "lr_schedule": SCHEDULES,
     "input_dtype": INPUT_DTYPES,
+    "cpu_onednn": CPU_ONEDNN,
 }
 
 

@@ -1,33 +1,20 @@
-"""TensorFlow's oneDNN CPU kernels, on by default for our programs.
+"""TensorFlow's oneDNN CPU kernels: on for runs whose model is on CPU devices.
 
 TensorFlow ships two sets of CPU kernels for convolutions, batch norm, pooling
 and matmul: Eigen's (a convolution is im2col + GEMM) and oneDNN's JIT-compiled
 primitives. By default it switches oneDNN on only on x86 CPUs with
 neural-network features such as AVX-512 VNNI/BF16 or AMX (TensorFlow
-community RFC 400); on others, such as the AVX2 AMD EPYC this project is
-developed on, it runs Eigen's. On that machine oneDNN's kernels train our
-float32 ResNet-50 and the 8-replica BN benchmark faster than Eigen's
-(`python -m tools.dev.bench_cpu_kernels`; figures in
-bench_results/REPORT.md), so our entry points turn them on unless the user
-chose:
-`TF_ENABLE_ONEDNN_OPTS=0` keeps Eigen's kernels. bfloat16 convolutions stay
-Eigen's either way on CPUs without AVX-512 (TensorFlow's oneDNN bf16 needs it);
-resnet_tpu/bfloat16_convs.py widens them to these float32 kernels instead.
-
-TensorFlow reads the switch once, when it loads, so `import resnet_tpu` must
-come before `import tensorflow`: main.py, tools/__init__.py,
-tests/conftest.py and the notebook do that. Nothing changes on TPU or GPU.
+community RFC 400); on others, such as AVX2 CPUs, it runs Eigen's. On an
+AVX2 AMD EPYC, oneDNN trains our float32 ResNet-50 and the 8-replica BN
+benchmark faster (`python -m tools.dev.bench_cpu_kernels`; figures in
+bench_results/REPORT.md), so `--cpu_onednn=auto` turns it on for CPU runs
+(process_setup.apply_cpu_kernel_choice) and leaves TensorFlow's default on
+TPU and GPU hosts, where it was never measured. `TF_ENABLE_ONEDNN_OPTS=0` or
+`1` set by the user wins. bfloat16 convolutions stay Eigen's either way on
+CPUs without AVX-512 (TensorFlow's oneDNN bf16 needs it);
+resnet_tpu/bfloat16_convs.py widens them to float32 kernels instead.
 """
-import os
-import sys
-
 ONEDNN_ENV = "TF_ENABLE_ONEDNN_OPTS"
-
-
-def default_onednn_on() -> None:
-  """Sets TF_ENABLE_ONEDNN_OPTS=1 unless the user set it (before TF loads)."""
-  if "tensorflow" not in sys.modules:
-    os.environ.setdefault(ONEDNN_ENV, "1")
 
 
 def cpu_flags() -> frozenset[str]:

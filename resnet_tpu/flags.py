@@ -110,14 +110,20 @@ HELP = {
     "keep_host_memory": "Keep freed host memory mapped (glibc mallopt: 32 MB "
                         "mmap threshold, 512 MB top pad) so CPU training "
                         "steps do not page-fault their buffers in every "
-                        "step (resnet_tpu/host_memory.py).",
+                        "step (resnet_tpu/host_memory.py); CPU runs only.",
     "collective_timeout_s": "Fail a collective (gradient or BN all-reduce, "
                             "multi-worker) that waits longer than this, so "
                             "a worker that hangs while alive stops the "
                             "others (exit 43); 0 = wait forever. Set it "
                             "well above one host loop's time.",
+    "cpu_onednn": "TensorFlow's oneDNN CPU kernels: auto (on when the model "
+                  "runs on CPU devices: --strategy=cpu, or auto with no "
+                  "--tpu, TF_CONFIG or visible NVIDIA GPU; else "
+                  "TensorFlow's default), on or off. A "
+                  "TF_ENABLE_ONEDNN_OPTS you set wins "
+                  "(resnet_tpu/process_setup.py).",
     "export_dir": "Write a serving SavedModel of the final checkpoint "
-                  "here (tools/export_savedmodel.py); empty = no export.",
+                  "here (python -m tools.export_savedmodel); empty = no export.",
 }
 
 # String choices become enum flags (resnet_depth stays an integer flag).

@@ -7,12 +7,12 @@ from absl import logging
 import tensorflow as tf
 
 from resnet_tpu import config as config_lib
-from resnet_tpu import cpu_kernels
 from resnet_tpu import device_check
 from resnet_tpu import export
 from resnet_tpu import host_memory
 from resnet_tpu import input_pipeline
 from resnet_tpu import preflight
+from resnet_tpu import process_setup
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.strategy import configure_cpu_replicas
 from resnet_tpu.strategy import create_strategy
@@ -72,12 +72,10 @@ def run(cfg: TrainConfig, model_fn: ModelFn | None = None,
       collective_timeout_s=cfg.collective_timeout_s)
   strategy = distribution.strategy
   device_check.log_start_up(strategy)
-  if cfg.keep_host_memory:  # after the runtime's devices are set up
+  # A CPU tuning: only where the model runs on CPU devices (after the
+  # runtime's devices are set up).
+  if cfg.keep_host_memory and process_setup.cpu_tunings_apply(kind):
     host_memory.keep_freed_memory()
-  logging.info("TensorFlow's oneDNN CPU kernels: %s (%s=0/1 chooses; "
-               "resnet_tpu/cpu_kernels.py)",
-               "on" if cpu_kernels.onednn_enabled() else "off",
-               cpu_kernels.ONEDNN_ENV)
   config_lib.validate_replicas(cfg, strategy.num_replicas_in_sync)
   trainer = Trainer(cfg, strategy, model_fn=model_fn,
                     bn_groups=distribution.bn_groups,

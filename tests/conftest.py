@@ -5,10 +5,13 @@ these devices, so replica contexts and collectives run for real on CPU.
 """
 import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from resnet_tpu import process_setup
 
-# Before TensorFlow loads, as in main.py: the CPU kernels users run.
-import resnet_tpu  # noqa: E402,F401
+# Before TensorFlow loads. C++ errors stay visible (level 2): they explain a
+# failing test. The models run on CPU devices: the kernels a CPU run gets.
+os.environ.setdefault(process_setup.LOG_LEVEL_ENV, "2")
+process_setup.apply_cpu_kernel_choice("auto", "cpu")
+
 import tensorflow as tf  # noqa: E402
 from resnet_tpu import compat  # noqa: E402
 

@@ -1,4 +1,6 @@
-"""resnet_tpu/cpu_kernels.py: oneDNN kernels on by default, the user decides."""
+"""oneDNN's CPU kernels where the model runs on CPU devices, chosen by the
+entry points before TensorFlow loads, never on import; the user's
+TF_ENABLE_ONEDNN_OPTS wins (resnet_tpu/process_setup.py, cpu_kernels.py)."""
 import os
 import subprocess
 import sys
@@ -6,34 +8,95 @@ import sys
 import pytest
 
 from resnet_tpu import cpu_kernels
+from resnet_tpu import process_setup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Prints whether the TensorFlow loaded after `import resnet_tpu` runs oneDNN.
-PROBE = ("import resnet_tpu, tensorflow\n"
-         "from resnet_tpu import cpu_kernels\n"
-         "print('onednn', cpu_kernels.onednn_enabled())")
+ONEDNN = cpu_kernels.ONEDNN_ENV
 
 
-def _probe(env_value: str | None) -> str:
-  env = {k: v for k, v in os.environ.items() if k != cpu_kernels.ONEDNN_ENV}
-  if env_value is not None:
-    env[cpu_kernels.ONEDNN_ENV] = env_value
-  done = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, env=env,
-                        capture_output=True, text=True, timeout=120)
-  assert done.returncode == 0, done.stderr[-2000:]
-  return done.stdout.split()[-1]
+def _python(code: str, *args: str, **env: str) -> str:
+  """Last stdout line of `code` in a fresh interpreter, without the two
+  variables conftest.py sets, plus `env`."""
+  clean = {k: v for k, v in os.environ.items()
+           if k not in (ONEDNN, process_setup.LOG_LEVEL_ENV)}
+  done = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT,
+                        env={**clean, **env}, capture_output=True, text=True,
+                        timeout=180)
+  assert done.returncode == 0, done.stderr[-3000:]
+  return done.stdout.splitlines()[-1]
 
 
-@pytest.mark.parametrize("env_value, expected", [
-    (None, "True"),  # our default, whatever TensorFlow's is on this CPU
-    ("0", "False"),  # the user's choice wins
-    ("1", "True"),
+# Imports every module of the package, then prints the two variables.
+IMPORT_ALL = f"""
+import importlib, os, pkgutil
+import resnet_tpu
+for module in pkgutil.iter_modules(resnet_tpu.__path__):
+  importlib.import_module("resnet_tpu." + module.name)
+print(os.environ.get("{ONEDNN}"), os.environ.get("TF_CPP_MIN_LOG_LEVEL"))
+"""
+
+
+def test_importing_resnet_tpu_chooses_neither_kernels_nor_logs():
+  assert _python(IMPORT_ALL) == "None None"
+
+
+@pytest.mark.parametrize("choice, kind, value", [
+    ("auto", "cpu", "1"),
+    ("auto", "gpu", None),  # TensorFlow's default where never measured
+    ("auto", "tpu", None),
+    ("auto", "multi_worker", None),
+    ("on", "gpu", "1"),
+    ("off", "cpu", "0"),
 ])
-def test_importing_resnet_tpu_first_decides_the_cpu_kernels(env_value,
-                                                            expected):
-  assert _probe(env_value) == expected
+def test_auto_turns_onednn_on_for_cpu_runs_only(choice, kind, value):
+  assert process_setup.onednn_value(choice, kind) == value
 
 
-def test_tests_run_the_kernels_users_get():
-  assert cpu_kernels.onednn_enabled() == (
-      os.environ[cpu_kernels.ONEDNN_ENV] == "1")
+def test_the_users_variable_wins():
+  environ = {ONEDNN: "0"}
+  said = process_setup.apply_cpu_kernel_choice("on", "cpu", environ)
+  assert environ == {ONEDNN: "0"}
+  assert "set by the user" in said
+
+
+# Imports main.py, parses argv, runs its set-up, then prints the variable and
+# whether TensorFlow was loaded before and after the set-up.
+MAIN_SET_UP = f"""
+import os, sys
+import main
+before = "tensorflow" in sys.modules
+main.FLAGS(["main.py", "--model_dir=unused", *sys.argv[1:]])
+main.set_up_process()
+print(os.environ.get("{ONEDNN}"), before, "tensorflow" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("args, env, value", [
+    (["--strategy=cpu"], {}, "1"),
+    (["--flagfile=flags/cpu_demo.cfg"], {}, "1"),  # --strategy=cpu inside
+    (["--strategy=auto"], {"CUDA_VISIBLE_DEVICES": ""}, "1"),
+    (["--strategy=gpu"], {}, "None"),
+    (["--tpu=local"], {}, "None"),
+    ([], {"TF_CONFIG": "{}"}, "None"),  # multi_worker
+    (["--strategy=gpu", "--cpu_onednn=on"], {}, "1"),
+    (["--strategy=cpu", "--cpu_onednn=off"], {}, "0"),
+    (["--strategy=cpu"], {ONEDNN: "0"}, "0"),  # the user's variable wins
+])
+def test_main_chooses_the_kernels_from_its_flags_before_tensorflow_loads(
+    args, env, value):
+  assert _python(MAIN_SET_UP, *args, **env) == f"{value} False False"
+
+
+ENV_AFTER = f"import os, sys\n{{}}\nprint(os.environ.get('{ONEDNN}'))"
+
+
+def test_only_the_cpu_benchmarks_choose_onednn():
+  any_host = ("import tools.export_savedmodel, tools.evaluate, "
+              "tools.plot_metrics")
+  assert _python(ENV_AFTER.format(any_host)) == "None"
+  assert _python(ENV_AFTER.format("import tools.bench_train")) == "1"
+
+
+def test_tests_run_the_kernels_a_cpu_run_gets():
+  # conftest.py chose them before TensorFlow loaded (unless you set them).
+  assert cpu_kernels.onednn_enabled() == (os.environ[ONEDNN] == "1")

@@ -16,6 +16,9 @@ from data.build_tfrecords import build
 from data.make_synthetic import make_synthetic
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The environment without the CPU kernel choice conftest.py made, so that
+# main.py makes its own.
+ENV = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
 
 
 def test_main_trains_evaluates_and_exports_on_cpu_replicas(tmp_path):
@@ -32,8 +35,10 @@ def test_main_trains_evaluates_and_exports_on_cpu_replicas(tmp_path):
        "--resnet_depth=18", "--num_classes=3", "--image_size=32",
        "--global_batch_size=4", "--eval_batch_size=4", "--train_steps=2",
        "--steps_per_loop=1", "--num_train_images=24", "--warmup_epochs=0"],
-      cwd=ROOT, capture_output=True, text=True, timeout=300)
+      cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]
+  assert ("CPU kernels: TF_ENABLE_ONEDNN_OPTS=1 (--cpu_onednn=auto on a cpu "
+          "run); TensorFlow runs oneDNN's: yes") in result.stderr
   with open(model_dir / "metrics.jsonl") as f:
     records_logged = [json.loads(line) for line in f]
   evals = [r for r in records_logged if r["split"] == "eval"]
@@ -81,3 +86,17 @@ def test_a_bad_flag_value_prints_one_message_without_a_traceback(
   assert result.returncode == 1
   assert message in result.stderr
   assert "Traceback" not in result.stderr
+
+
+def test_main_chooses_the_cpu_kernels_before_tensorflow_loads(tmp_path):
+  # oneDNN is TensorFlow's own default on CPUs with AVX-512 VNNI/BF16 or AMX,
+  # so "off" holding there (and "on" above, elsewhere) shows the choice came
+  # first.
+  result = subprocess.run(
+      [sys.executable, "main.py", "--strategy=cpu", "--cpu_onednn=off",
+       "--use_synthetic_data", f"--model_dir={tmp_path}", "--resnet_depth=18",
+       "--num_classes=2", "--image_size=32", "--global_batch_size=2",
+       "--train_steps=1", "--warmup_epochs=0"],
+      cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "TensorFlow runs oneDNN's: no" in result.stderr

@@ -1,10 +1,19 @@
-"""README stays true to the code: flag table, flagfiles, make targets."""
+"""README stays true to the code: a front page whose tables are generated or
+checked against the tree (flags, flagfiles, the paper map, the module list,
+make targets)."""
+import ast
 import os
 import re
 
 from tools.flag_reference import flag_table
+from tools.module_list import module_table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MAX_README_LINES = 350
+# The sections of the front page, in order.
+SECTIONS = ("Status", "Quickstart", "Running for real", "Paper map",
+            "Recipes", "Flag reference", "Performance", "Results on real data",
+            "Reliability", "Layout")
 
 
 def _read(name: str) -> str:
@@ -12,26 +21,75 @@ def _read(name: str) -> str:
     return f.read()
 
 
+def _section(title: str) -> str:
+  readme = _read("README.md")
+  start = readme.index(f"\n## {title}\n")
+  end = readme.find("\n## ", start + 1)
+  return readme[start:end if end > 0 else None]
+
+
+def test_readme_is_a_front_page_of_at_most_350_lines_in_order():
+  readme = _read("README.md")
+  assert len(readme.splitlines()) <= MAX_README_LINES
+  positions = [readme.index(f"\n## {title}\n") for title in SECTIONS]
+  assert positions == sorted(positions)
+  assert not re.search(r"\brun [A-O]\b|bench_results/run_", readme)
+
+
 def test_readme_flag_reference_is_the_generated_table():
   assert flag_table() in _read("README.md"), (
       "README flag reference is stale: paste `python -m tools.flag_reference`")
 
 
+def test_readme_module_list_is_the_generated_table():
+  assert module_table() in _section("Layout"), (
+      "README module list is stale: paste `python -m tools.module_list`")
+
+
 def test_every_flagfile_is_listed_and_every_listed_flagfile_exists():
-  readme = _read("README.md")
-  listed = set(re.findall(r"`([\w.-]+\.cfg)`", readme))
+  listed = set(re.findall(r"`([\w.-]+\.cfg)`", _section("Recipes")))
   on_disk = set(os.listdir(os.path.join(ROOT, "flags")))
   assert listed == on_disk
 
 
-def test_every_module_named_in_the_feature_table_exists():
-  for path in re.findall(r"`((?:resnet_tpu|tools|data)/\w+\.py)`",
+def test_every_module_named_in_the_readme_exists():
+  for path in re.findall(r"`((?:resnet_tpu|tools|data)/[\w/]+\.py)`",
                          _read("README.md")):
     assert os.path.exists(os.path.join(ROOT, path)), path
 
 
+def _docstring(path: str) -> str:
+  with open(os.path.join(ROOT, path)) as f:
+    return ast.get_docstring(ast.parse(f.read())) or ""
+
+
+def test_paper_map_modules_cite_their_section():
+  rows = [line for line in _section("Paper map").splitlines()
+          if line.startswith("| ") and "`resnet_tpu/" in line]
+  assert len(rows) >= 10
+  for row in rows:
+    paper = row.split("|")[1].strip()  # e.g. "Ying §3.1", "Akiba"
+    author, _, section = paper.partition(" ")
+    for path in re.findall(r"`(resnet_tpu/\w+\.py)`", row):
+      docstring = _docstring(path)
+      assert author.split(",")[0] in docstring, (path, author)
+      if section.startswith("§"):
+        assert section in docstring, (path, section)
+
+
+def test_each_of_ying_sections_3_1_to_3_3_has_one_home():
+  for section, module in (("§3.1", "resnet_tpu/bn_all_reduce.py"),
+                          ("§3.2", "resnet_tpu/input_pipeline.py"),
+                          ("§3.3", "resnet_tpu/gradient_all_reduce.py")):
+    assert f"| Ying {section} |" in _section("Paper map")
+    assert f"`{module}`" in _section("Paper map")
+    assert section in _docstring(module).splitlines()[0], module
+
+
 def test_quickstart_targets_exist():
   makefile = _read("Makefile")
-  for target in ("demo", "test", "bench"):
+  for target in ("demo", "test", "bench", "test-compat"):
     assert re.search(rf"^{target}:", makefile, re.M), target
+  quickstart = _section("Quickstart")
+  assert "make demo" in quickstart and "make test" in quickstart
   assert "make test" in _read(".ci/run")

@@ -1,6 +1,10 @@
 """Benchmarks, export, evaluation and plots; run as `python -m tools.<name>`.
 
-Importing resnet_tpu first sets its CPU kernel defaults before TensorFlow
-loads (resnet_tpu/cpu_kernels.py).
+Quiets TensorFlow's C++ start-up logs before any tool loads it
+(resnet_tpu/process_setup.py). The CPU benchmarks choose oneDNN's kernels
+themselves; export, evaluate and the accelerator check run on any host and
+leave TensorFlow's default.
 """
-import resnet_tpu  # noqa: F401
+from resnet_tpu import process_setup
+
+process_setup.quiet_tensorflow_logs()

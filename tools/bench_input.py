@@ -28,18 +28,23 @@ import tempfile
 import time
 from typing import Callable
 
-from absl import app
-from absl import flags
-from absl import logging
-import numpy as np
-import tensorflow as tf
+from resnet_tpu import process_setup
 
-from data import build_tfrecords
-from resnet_tpu import data_checks
-from resnet_tpu import host_memory
-from resnet_tpu import input_pipeline
-from resnet_tpu import preprocessing
-from tools import bench_common
+# A CPU benchmark: the kernels a CPU run gets, chosen before TensorFlow loads.
+process_setup.apply_cpu_kernel_choice("auto", "cpu")
+
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+from absl import logging  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from data import build_tfrecords  # noqa: E402
+from resnet_tpu import data_checks  # noqa: E402
+from resnet_tpu import host_memory  # noqa: E402
+from resnet_tpu import input_pipeline  # noqa: E402
+from resnet_tpu import preprocessing  # noqa: E402
+from tools import bench_common  # noqa: E402
 
 FLAGS = flags.FLAGS
 

@@ -27,21 +27,26 @@ first --native_bf16_repetitions repetitions.
 """
 import dataclasses
 
-from absl import app
-from absl import flags
-from absl import logging
-import keras
-import numpy as np
-import tensorflow as tf
+from resnet_tpu import process_setup
 
-from resnet_tpu import bfloat16_convs
-from resnet_tpu import host_memory
-from resnet_tpu import input_pipeline
-from resnet_tpu.config import TrainConfig
-from resnet_tpu.model import build_resnet
-from resnet_tpu.model import dtype_policy
-from resnet_tpu.trainer import Trainer
-from tools import bench_common
+# A CPU benchmark: the kernels a CPU run gets, chosen before TensorFlow loads.
+process_setup.apply_cpu_kernel_choice("auto", "cpu")
+
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+from absl import logging  # noqa: E402
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from resnet_tpu import bfloat16_convs  # noqa: E402
+from resnet_tpu import host_memory  # noqa: E402
+from resnet_tpu import input_pipeline  # noqa: E402
+from resnet_tpu.config import TrainConfig  # noqa: E402
+from resnet_tpu.model import build_model  # noqa: E402
+from resnet_tpu.model import dtype_policy  # noqa: E402
+from resnet_tpu.trainer import Trainer  # noqa: E402
+from tools import bench_common  # noqa: E402
 
 FLAGS = flags.FLAGS
 HOST_LOOPS = (1, 10, 100)
@@ -63,10 +68,7 @@ def keras_resnet50(cfg: TrainConfig) -> keras.Model:
 def ours_v1_layout(cfg: TrainConfig) -> keras.Model:
   """Our model with the stride on the first 1x1 conv, as Keras's ResNet50:
   the same FLOPs as the reference, so only our BN, loop and layers differ."""
-  with dtype_policy(cfg.precision):
-    return build_resnet(cfg.resnet_depth, cfg.num_classes, cfg.image_size,
-                        cfg.bn_group_size, cfg.bn_momentum, cfg.bn_epsilon,
-                        stride_in_3x3=False)
+  return build_model(cfg, stride_in_3x3=False)
 
 
 def forward_flops(model: keras.Model) -> int:

@@ -25,14 +25,20 @@ import statistics
 import time
 from typing import Callable
 
-from absl import app
-from absl import flags
-import tensorflow as tf
+from resnet_tpu import process_setup
 
-from resnet_tpu import bn_all_reduce
-from resnet_tpu import strategy as strategy_lib
-from resnet_tpu.distributed_batch_norm import DistributedBatchNormalization
-from tools import bench_common
+# A CPU benchmark: the kernels a CPU run gets, chosen before TensorFlow loads.
+process_setup.apply_cpu_kernel_choice("auto", "cpu")
+
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from resnet_tpu import bn_all_reduce  # noqa: E402
+from resnet_tpu import strategy as strategy_lib  # noqa: E402
+from resnet_tpu.distributed_batch_norm import (  # noqa: E402
+    DistributedBatchNormalization)
+from tools import bench_common  # noqa: E402
 
 FLAGS = flags.FLAGS
 

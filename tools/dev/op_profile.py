@@ -34,16 +34,21 @@ import tempfile
 import time
 from typing import Callable
 
-from absl import app
-from absl import flags
-import tensorflow as tf
-from tensorflow.tsl.profiler.protobuf import xplane_pb2
+from resnet_tpu import process_setup
 
-from resnet_tpu import host_memory
-from resnet_tpu.strategy import configure_cpu_replicas
-from tools import bench_bn_groups
-from tools import bench_common
-from tools import bench_train
+# A CPU benchmark: the kernels a CPU run gets, chosen before TensorFlow loads.
+process_setup.apply_cpu_kernel_choice("auto", "cpu")
+
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: E402
+
+from resnet_tpu import host_memory  # noqa: E402
+from resnet_tpu.strategy import configure_cpu_replicas  # noqa: E402
+from tools import bench_bn_groups  # noqa: E402
+from tools import bench_common  # noqa: E402
+from tools import bench_train  # noqa: E402
 
 FLAGS = flags.FLAGS
 STEP_WORKLOADS = {"ours": None, "ours_v1_layout": bench_train.ours_v1_layout,

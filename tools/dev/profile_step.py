@@ -26,14 +26,19 @@ import tempfile
 import time
 from typing import Callable
 
-from absl import app
-from absl import flags
-from absl import logging
+from resnet_tpu import process_setup
 
-from resnet_tpu import host_memory
-from resnet_tpu.config import BFLOAT16_CONV_KERNELS
-from tools import bench_input
-from tools import bench_train
+# A CPU benchmark: the kernels a CPU run gets, chosen before TensorFlow loads.
+process_setup.apply_cpu_kernel_choice("auto", "cpu")
+
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+from absl import logging  # noqa: E402
+
+from resnet_tpu import host_memory  # noqa: E402
+from resnet_tpu.config import BFLOAT16_CONV_KERNELS  # noqa: E402
+from tools import bench_input  # noqa: E402
+from tools import bench_train  # noqa: E402
 
 FLAGS = flags.FLAGS
 INPUT_SWITCHES = {
