@@ -7,9 +7,9 @@ algorithm over one flat vector of every gradient:
 
   ring: one all-reduce over all replicas (TF's ring reducer on CPU, NCCL's
         ring on GPU);
-  2d:   Mikami et al.'s 2D-Torus all-reduce over an X x Y replica grid:
+  2d:   Mikami et al. 2018's 2D-Torus all-reduce over an X x Y replica grid:
         reduce-scatter along rows, all-reduce along columns, all-gather
-        along rows.
+        along rows, one grid dimension at a time.
 """
 import dataclasses
 
@@ -49,10 +49,11 @@ def torus_2d_all_reduce(x: tf.Tensor, grid: Grid,
 
   Replicas form `grid` = (X, Y): replica r sits in row r // X, column r % X.
   Reduce-scatter along the row, all-reduce the 1/X chunk along the column,
-  all-gather along the row. Each replica sends about 2 size(x) (X-1)/X +
-  2 size(x) (Y-1)/(XY) values instead of 2 size(x) (N-1)/N in one ring, in
-  2(X-1) + 2(Y-1) steps instead of 2(N-1). Ranks in a group follow replica
-  order (true on CPU and with one device per worker).
+  all-gather along the row: one grid dimension at a time. Each replica
+  sends 2 size(x) (X-1)/X + 2 size(x) (Y-1)/(XY) values, the same
+  2 size(x) (N-1)/N as one ring, in 2(X-1) + 2(Y-1) ring steps instead of
+  2(N-1). Ranks in a group follow replica order (true on CPU and with one
+  device per worker).
   """
   cols, rows = grid
   row, col = _grid_position(grid, ctx)
