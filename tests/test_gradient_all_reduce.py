@@ -22,6 +22,7 @@ from resnet_tpu.config import parse_grid
 from resnet_tpu.optimizers import build_optimizer
 from resnet_tpu.replica_groups import Subgroup
 from resnet_tpu.schedules import EpochClock
+from tools import allreduce_sim as sim
 
 REPLICAS = 8
 
@@ -235,3 +236,65 @@ def test_2d_ying_sums_one_half_rows_first_and_the_other_columns_first_at_once(
   for replica_phases in phases.values():
     assert [sorted((c.half, c.kind, c.dim) for c in phase)
             for phase in replica_phases] == expected
+
+
+# Executable option -> its model in tools/allreduce_sim.py.
+SIM_ALGORITHM = {"2d_ying": "torus_2d", "2d": "grid_2d"}
+_PORT_DIMS = {"x": "row", "y": "column"}  # x runs along a row.
+
+
+def _sim_phases(schedule, chip):
+  """Per phase, (dimension, ring steps, values `chip` sends) of each lane."""
+  return [sorted((_PORT_DIMS[lane[0][0].port[1]], len(lane),
+                  sum(m.stop - m.start for messages in lane
+                      for m in messages if m.src == chip))
+                 for lane in phase) for phase in schedule]
+
+
+def _as_ring_phases(phases):
+  """The simulator's view of executed phases: a collective among n members
+  takes n - 1 ring steps, and an all-reduce is a reduce-scatter phase and an
+  all-gather phase of half its values each."""
+  out = []
+  for phase in phases:
+    lanes = [(c.dim, c.group_size - 1, c.sent) for c in phase]
+    if any(c.kind == "all_reduce" for c in phase):
+      ((dim, steps, sent),) = lanes
+      out += [[(dim, steps, sent // 2)]] * 2
+    else:
+      out.append(sorted(lanes))
+  return out
+
+
+@pytest.mark.parametrize("algorithm", sorted(SIM_ALGORITHM))
+@pytest.mark.parametrize("grid", [(4, 2), (2, 4), (4, 4)], ids=_id)
+def test_simulator_counts_the_values_and_steps_the_executable_sends(algorithm,
+                                                                   grid):
+  """tools/allreduce_sim.py's torus_2d and grid_2d model 2d_ying and 2d: the
+  traced graph's phases, ring steps and values sent by each replica along
+  rows and along columns equal the simulator's, chip by chip."""
+  cols, rows = grid
+  # A multiple of 2XY: no padding, which the simulator does not model.
+  replicas, num_values = cols * rows, 2 * cols * rows * 3
+  _, step = _traced_all_reduce(algorithm, grid,
+                               np.zeros((replicas, num_values), np.float32))
+  executed = {r: _as_ring_phases(p)
+              for r, p in _collective_phases(step, grid).items()}
+  name = SIM_ALGORITHM[algorithm]
+  schedule = sim.build_schedule(name, rows, cols, num_values,
+                                bidirectional=False)
+  for replica in range(replicas):
+    assert executed[replica] == _sim_phases(schedule, replica)
+  # The closed forms: steps on the critical path and values per link.
+  latency_bound = sim.LinkModel(1.0, 1e30, bidirectional=False)
+  cost = sim.model_cost(name, rows, cols, num_values, latency_bound)
+  assert cost.rounds == sum(max(lane[1] for lane in phase)
+                            for phase in executed[0])
+  per_link = collections.Counter()
+  for replica, phases in executed.items():
+    for phase in phases:
+      for dim, _, sent in phase:
+        per_link[replica, dim] += sent
+  loads = sim.model_link_loads(name, rows, cols, num_values, False)
+  assert sorted(per_link.values()) == pytest.approx(sorted(
+      b for b, count in loads.items() for _ in range(count)), rel=1e-12)
