@@ -47,11 +47,14 @@ HELP = {
     "tpu": "TPU name or 'local' on a TPU VM; implies --strategy=tpu.",
     "num_cpu_replicas": "Virtual CPU replicas for --strategy=cpu.",
     "gradient_all_reduce": "auto (Keras/XLA summation), ring (one "
-                           "collective over the flattened gradients) or 2d "
-                           "(Mikami's 2D-Torus over --all_reduce_grid); "
-                           "GPU/CPU only.",
-    "all_reduce_grid": "XxY grid for --gradient_all_reduce=2d: X replicas "
-                       "per row, Y rows; '' = squarest.",
+                           "collective over the flattened gradients), 2d "
+                           "(Mikami et al.'s 2D-Torus over "
+                           "--all_reduce_grid: reduce-scatter rows, "
+                           "all-reduce columns, all-gather rows) or 2d_ying "
+                           "(Ying et al. §3.3: two halves, one rows first "
+                           "and one columns first, at once); GPU/CPU only.",
+    "all_reduce_grid": "XxY grid for --gradient_all_reduce=2d or 2d_ying: X "
+                       "replicas per row, Y rows; '' = squarest.",
     "tpu_device_assignment": "TPU replica placement: default "
                              "(TensorFlow's own device assignment) or ring "
                              "(a snake through the torus, BN groups on "

@@ -5,11 +5,18 @@ all-reduce per gradient over all replicas, which XLA runs on the TPU torus.
 On GPU/CPU replicas `use_gradient_all_reduce` replaces it with an explicit
 algorithm over one flat vector of every gradient:
 
-  ring: one all-reduce over all replicas (TF's ring reducer on CPU, NCCL's
-        ring on GPU);
-  2d:   Mikami et al.'s 2D-Torus all-reduce over an X x Y replica grid:
-        reduce-scatter along rows, all-reduce along columns, all-gather
-        along rows.
+  ring:    one all-reduce over all replicas (TF's ring reducer on CPU,
+           NCCL's ring on GPU);
+  2d:      Mikami et al. 2018's 2D-Torus all-reduce over an X x Y replica
+           grid: reduce-scatter along rows, all-reduce along columns,
+           all-gather along rows, one grid dimension at a time;
+  2d_ying: Ying et al. 2018 §3.3's 2-D gradient summation over the same
+           grid: two halves of the vector, one reduced rows first and the
+           other columns first, at the same time, so both dimensions work
+           in every phase.
+
+tools/allreduce_sim.py models the link traffic of each: its grid_2d is
+`2d`, its torus_2d is `2d_ying`.
 """
 import dataclasses
 
@@ -49,10 +56,11 @@ def torus_2d_all_reduce(x: tf.Tensor, grid: Grid,
 
   Replicas form `grid` = (X, Y): replica r sits in row r // X, column r % X.
   Reduce-scatter along the row, all-reduce the 1/X chunk along the column,
-  all-gather along the row. Each replica sends about 2 size(x) (X-1)/X +
-  2 size(x) (Y-1)/(XY) values instead of 2 size(x) (N-1)/N in one ring, in
-  2(X-1) + 2(Y-1) steps instead of 2(N-1). Ranks in a group follow replica
-  order (true on CPU and with one device per worker).
+  all-gather along the row: one grid dimension at a time. Each replica
+  sends 2 size(x) (X-1)/X + 2 size(x) (Y-1)/(XY) values, the same
+  2 size(x) (N-1)/N as one ring, in 2(X-1) + 2(Y-1) ring steps instead of
+  2(N-1). Ranks in a group follow replica order (true on CPU and with one
+  device per worker).
   """
   cols, rows = grid
   row, col = _grid_position(grid, ctx)
@@ -69,6 +77,52 @@ def torus_2d_all_reduce(x: tf.Tensor, grid: Grid,
   if cols > 1:
     chunk = tf.reshape(row_group.gather(chunk), [padded])
   return chunk[:size]
+
+
+def _scatter_then_gather(x: tf.Tensor,
+                         groups: list[replica_groups.Subgroup]) -> tf.Tensor:
+  """Reduce-scatters `x` along each group in turn, then all-gathers the
+  shard back along the groups in reverse order: the sum of `x` over all
+  their members."""
+  for group in groups:
+    x = group.reduce_scatter(x)
+  for group in reversed(groups):
+    x = tf.reshape(group.gather(x), [x.shape[0] * group.size])
+  return x
+
+
+def ying_2d_all_reduce(x: tf.Tensor, grid: Grid,
+                       ctx: tf.distribute.ReplicaContext,
+                       timeout_seconds: float = 0.0) -> tf.Tensor:
+  """2-D gradient summation (Ying et al. 2018 §3.3) of a 1-D tensor.
+
+  Replicas form `grid` = (X, Y) as in `torus_2d_all_reduce`. `x`, padded
+  to a multiple of 2XY, is cut in two halves reduced concurrently along the
+  two dimensions: the first half is reduce-scattered along the row, then
+  along the column, and all-gathered back along the column, then the row;
+  the second half goes column, row, then gathers row, column. In each of
+  the 4 phases one half uses the row dimension and the other the column
+  dimension. The halves share no data and order their collectives on
+  separate chains (replica_groups.Subgroup.chain), so TensorFlow can run
+  them at the same time. Each replica sends the 2 size(x) (N-1)/N values of
+  one ring, split between rows and columns, in 4 phases of X-1 or Y-1 ring
+  steps each.
+  """
+  cols, rows = grid
+  r, c = _grid_position(grid, ctx)
+  row, column = range(r * cols, (r + 1) * cols), range(c, cols * rows, cols)
+
+  def subgroups(members: list[range], chain: str
+                ) -> list[replica_groups.Subgroup]:
+    return [replica_groups.Subgroup.of(ctx, m, timeout_seconds, chain)
+            for m in members if len(m) > 1]
+
+  size = x.shape[0]
+  first, second = tf.split(tf.pad(x, [[0, -size % (2 * cols * rows)]]), 2)
+  first = _scatter_then_gather(first, subgroups([row, column], "rows_first"))
+  second = _scatter_then_gather(second,
+                                subgroups([column, row], "columns_first"))
+  return tf.concat([first, second], 0)[:size]
 
 
 def ring_all_reduce(x: tf.Tensor, ctx: tf.distribute.ReplicaContext,
@@ -111,7 +165,9 @@ class GradientSummation:
     if self.algorithm == "ring":
       return ring_all_reduce(flat, ctx, self.timeout_seconds)
     grid = self.grid or default_grid(ctx.num_replicas_in_sync)
-    return torus_2d_all_reduce(flat, grid, ctx, self.timeout_seconds)
+    two_d = (ying_2d_all_reduce if self.algorithm == "2d_ying" else
+             torus_2d_all_reduce)
+    return two_d(flat, grid, ctx, self.timeout_seconds)
 
   def _check_context(self, ctx: tf.distribute.ReplicaContext) -> None:
     if replica_groups.is_tpu(ctx.strategy):

@@ -31,7 +31,7 @@ _GROUP_KEY_RANGE = 1 << 24
 # replica traced in this process must draw from the same ones.
 _lock = threading.Lock()
 _last_instance_key: dict[tuple[int, int], int] = {}
-_ordering_tokens: dict[str, tf.Tensor] = {}
+_ordering_tokens: dict[tuple[str, str], tf.Tensor] = {}
 
 
 def replica_context() -> tf.distribute.ReplicaContext | None:
@@ -62,14 +62,14 @@ def static_replica_id(ctx: tf.distribute.ReplicaContext) -> int:
   return int(replica)
 
 
-def _ordering_token(device: str) -> tf.Tensor:
-  """One handle per device orders that replica's collectives without
-  chaining replicas to each other (which deadlocks)."""
+def _ordering_token(device: str, chain: str) -> tf.Tensor:
+  """One handle per device and chain orders that replica's collectives of
+  the chain without chaining replicas to each other (which deadlocks)."""
   with _lock:
-    if device not in _ordering_tokens:
-      _ordering_tokens[device] = compat.ordering_token(device,
-                                                       "collective_order")
-    return _ordering_tokens[device]
+    if (device, chain) not in _ordering_tokens:
+      name = f"collective_order/{chain}" if chain else "collective_order"
+      _ordering_tokens[device, chain] = compat.ordering_token(device, name)
+    return _ordering_tokens[device, chain]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,20 +77,24 @@ class Subgroup:
   """The calling replica's handle on one subgroup of replicas.
 
   timeout_seconds: a collective that waits longer fails (0 = never).
+  chain: a replica's collectives of one chain run in program order; those
+    of different chains may run at the same time (Ying et al. §3.3's two
+    gradient halves).
   """
   members: tuple[int, ...]
   replica: int
   device: str
   timeout_seconds: float = 0.0
+  chain: str = ""
 
   @classmethod
   def of(cls, ctx: tf.distribute.ReplicaContext, members: Sequence[int],
-         timeout_seconds: float = 0.0) -> "Subgroup":
+         timeout_seconds: float = 0.0, chain: str = "") -> "Subgroup":
     replica = static_replica_id(ctx)
     devices = ctx.strategy.extended.worker_devices
     # Replicas are numbered worker by worker, len(devices) per worker.
     return cls(tuple(members), replica, devices[replica % len(devices)],
-               timeout_seconds)
+               timeout_seconds, chain)
 
   @property
   def size(self) -> int:
@@ -111,7 +115,7 @@ class Subgroup:
   def _args(self) -> dict:
     return dict(group_size=self.size, group_key=self.key,
                 instance_key=self._next_instance_key(),
-                ordering_token=_ordering_token(self.device),
+                ordering_token=_ordering_token(self.device, self.chain),
                 timeout_seconds=self.timeout_seconds)
 
   def sum(self, x: tf.Tensor) -> tf.Tensor:

@@ -6,13 +6,24 @@ column, and both dimensions wrap around.
 
 * `ring_1d`: one ring through all N chips (a Hamiltonian cycle of torus
   links): reduce-scatter, then all-gather. The baseline of Ying et al. §3.3.
+  Runs as `--gradient_all_reduce=ring` (gradient_all_reduce.ring_all_reduce),
+  where TensorFlow picks the ring.
 * `torus_2d`: Ying et al. §3.3. The payload is split in halves reduced
   concurrently. Half A: reduce-scatter along x, reduce-scatter along y,
   all-gather along y, all-gather along x. Half B: the same with y first. In
-  every phase one half uses the x links and the other the y links.
+  every phase one half uses the x links and the other the y links. Runs as
+  `--gradient_all_reduce=2d_ying` (gradient_all_reduce.ying_2d_all_reduce).
 * `grid_2d`: Mikami et al. 2018, "2D-Torus all-reduce": reduce-scatter along
   rows, all-reduce (reduce-scatter + all-gather) along columns, all-gather
-  along rows. One link dimension at a time.
+  along rows. One link dimension at a time. Runs as
+  `--gradient_all_reduce=2d` (gradient_all_reduce.torus_2d_all_reduce).
+
+The executable grid X x Y (--all_reduce_grid, X replicas per row) is the
+torus rows=Y, cols=X here, with replica r on chip r.
+tests/test_gradient_all_reduce.py traces `2d_ying` and `2d` and checks that
+each replica's phases, steps (n - 1 for a collective among n replicas) and
+values sent along rows (x) and columns (y) equal those of `build_schedule`
+and the closed forms below.
 
 Cost model (alpha-beta). The payload is cut into streams: the two halves of
 `torus_2d` and, with bidirectional links, a counter-rotating copy of every
