@@ -271,8 +271,8 @@ def validate(cfg: TrainConfig, num_replicas: int | None = None) -> None:
   _check(cfg.train_steps > 0 or cfg.train_epochs > 0,
          "Set --train_steps or --train_epochs (> 0).")
   _check(not (cfg.tpu and cfg.gradient_all_reduce != "auto"),
-         "--gradient_all_reduce=ring|2d is for GPU/CPU replicas; on TPU XLA "
-         "sums gradients over the torus (use auto).")
+         "--gradient_all_reduce=ring|2d|2d_ying is for GPU/CPU replicas; on "
+         "TPU XLA sums gradients over the torus (use auto).")
   _check(not (cfg.skip_nonfinite_steps and cfg.batch_size_schedule),
          "--skip_nonfinite_steps does not support --batch_size_schedule "
          "(gradient accumulation); a NaN/Inf loss there stops training.")

@@ -106,7 +106,9 @@ def ying_2d_all_reduce(x: tf.Tensor, grid: Grid,
   separate chains (replica_groups.Subgroup.chain), so TensorFlow can run
   them at the same time. Each replica sends the 2 size(x) (N-1)/N values of
   one ring, split between rows and columns, in 4 phases of X-1 or Y-1 ring
-  steps each.
+  steps each. Tested on CPU replicas only: NCCL needs every GPU to launch
+  its collectives in one order, which two independent chains do not fix,
+  so on GPUs `2d` (one chain) is the tested choice.
   """
   cols, rows = grid
   r, c = _grid_position(grid, ctx)
