@@ -108,6 +108,9 @@ def test_xla_compiled_step_makes_the_same_update_as_the_graph_step(tmp_path):
 
 
 def test_xla_compiled_skip_step_leaves_no_trace_of_a_nan_batch(tmp_path):
+  """--skip_nonfinite_steps: the branch in cross-replica context (merge_call),
+  which TPUStrategy takes too (it synchronises through merge_call, as
+  MirroredStrategy does on CPU)."""
   trainer = _trainer(tmp_path, skip_nonfinite_steps=True)
   before = [v.numpy() for v in trainer.model.variables]
   images, labels = _batch()

@@ -53,6 +53,7 @@ class Sizes:
 
 @dataclasses.dataclass
 class Check:
+  """One row: `detail` is the line the table prints, `measured` the JSON."""
   name: str
   passed: bool
   detail: str
