@@ -7,7 +7,7 @@ DEMO_DATA := demo_data
 DEMO_RUN := runs/demo
 
 .PHONY: venv test test-dev test-compat check-requirements demo bench \
-	bench-collectives bench-cpu-kernels profile-ops clean
+	bench-collectives bench-cpu-kernels profile-ops accelerator-check clean
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -103,6 +103,12 @@ profile-ops: venv
 	$(PY) -m tools.dev.op_profile --workloads=bn_group1,bn_group4,bn_group8 \
 	    --output_dir=bench_results
 	$(PY) -m tools.bench_report --output_dir=bench_results
+
+# First contact with a TPU VM or a GPU host (tools/accelerator_check.py), in
+# the Python that has that machine's TensorFlow (not the CPU .venv), e.g.
+#   make accelerator-check PYTHON=python3 ARGS=--tpu=local
+accelerator-check:
+	$(PYTHON) -m tools.accelerator_check $(ARGS)
 
 clean:
 	rm -rf $(DEMO_RUN) $(DEMO_DATA) bench_results/*.tmp

@@ -19,6 +19,7 @@ import tensorflow as tf
 from resnet_tpu import cpu_kernels
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.distributed_batch_norm import DistributedBatchNormalization
+from resnet_tpu.model import dtype_policy
 from resnet_tpu.trainer import Trainer
 
 
@@ -55,6 +56,15 @@ def paired_range(numerators: list[float],
   """
   pairs = [a / b for a, b in zip(numerators, denominators)]
   return [min(pairs), max(pairs)]
+
+
+def keras_resnet50(cfg: TrainConfig) -> keras.Model:
+  """The reference: keras.applications.ResNet50 (weights=None) returning
+  logits."""
+  with dtype_policy(cfg.precision):
+    return keras.applications.ResNet50(
+        weights=None, input_shape=(cfg.image_size, cfg.image_size, 3),
+        classes=cfg.num_classes, classifier_activation=None)
 
 
 def small_convnet(cfg: TrainConfig) -> keras.Model:

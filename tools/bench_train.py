@@ -44,7 +44,6 @@ from resnet_tpu import host_memory  # noqa: E402
 from resnet_tpu import input_pipeline  # noqa: E402
 from resnet_tpu.config import TrainConfig  # noqa: E402
 from resnet_tpu.model import build_model  # noqa: E402
-from resnet_tpu.model import dtype_policy  # noqa: E402
 from resnet_tpu.trainer import Trainer  # noqa: E402
 from tools import bench_common  # noqa: E402
 
@@ -55,14 +54,6 @@ HOST_LOOP_BATCH = 2
 HOST_LOOP_IMAGE_SIZE = 32
 # The variants on TensorFlow's bfloat16 conv kernels.
 NATIVE_BF16 = ("keras_bfloat16", "ours_bfloat16_native")
-
-
-def keras_resnet50(cfg: TrainConfig) -> keras.Model:
-  """The reference: keras.applications.ResNet50 returning logits."""
-  with dtype_policy(cfg.precision):
-    return keras.applications.ResNet50(
-        weights=None, input_shape=(cfg.image_size, cfg.image_size, 3),
-        classes=cfg.num_classes, classifier_activation=None)
 
 
 def ours_v1_layout(cfg: TrainConfig) -> keras.Model:
@@ -142,7 +133,8 @@ def bench_models(image_size: int, batch: int, steps: dict[str, int],
   for precision in ("float32", "bfloat16"):
     cfg = train_config(precision, image_size, batch, 50,
                        f"{tmp}/{precision}")
-    for name, model_fn in (("ours", None), ("keras", keras_resnet50)):
+    for name, model_fn in (("ours", None),
+                           ("keras", bench_common.keras_resnet50)):
       trainer, seconds = step_timer(cfg, model_fn, steps[precision])
       flops[f"{name}_{precision}"] = 3 * forward_flops(trainer.model)
       variants[f"{name}_{precision}"] = (

@@ -52,7 +52,7 @@ from tools import bench_train  # noqa: E402
 
 FLAGS = flags.FLAGS
 STEP_WORKLOADS = {"ours": None, "ours_v1_layout": bench_train.ours_v1_layout,
-                  "keras": bench_train.keras_resnet50}
+                  "keras": bench_common.keras_resnet50}
 BN_GROUP_WORKLOADS = {f"bn_group{g}": g for g in bench_bn_groups.GROUPS}
 WORKLOADS = (*STEP_WORKLOADS, *BN_GROUP_WORKLOADS)
 

@@ -37,6 +37,7 @@ from absl import logging  # noqa: E402
 
 from resnet_tpu import host_memory  # noqa: E402
 from resnet_tpu.config import BFLOAT16_CONV_KERNELS  # noqa: E402
+from tools import bench_common  # noqa: E402
 from tools import bench_input  # noqa: E402
 from tools import bench_train  # noqa: E402
 
@@ -75,7 +76,7 @@ def workload(name: str, precision: str, image_size: int, batch: int,
   cfg = dataclasses.replace(
       bench_train.train_config(precision, image_size, batch, 50, tmp),
       bfloat16_conv_kernels=bfloat16_conv_kernels)
-  model_fn = bench_train.keras_resnet50 if name == "keras" else None
+  model_fn = bench_common.keras_resnet50 if name == "keras" else None
   _, seconds = bench_train.step_timer(cfg, model_fn, 1)
   return seconds
 
