@@ -89,6 +89,7 @@ class TrainConfig:
   prefetch: bool = True
   deterministic_input: bool = False
   input_dtype: str = "uint8"
+  on_corrupt_shard: str = "skip"
   # Host.
   keep_host_memory: bool = True
   # Export.

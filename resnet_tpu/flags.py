@@ -17,6 +17,7 @@ from resnet_tpu.config import STRATEGIES
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.optimizers import OPTIMIZERS
 from resnet_tpu.schedules import SCHEDULES
+from resnet_tpu.shard_audit import ON_CORRUPT_SHARD
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)
              if f.default is not dataclasses.MISSING}
@@ -107,6 +108,9 @@ HELP = {
                    "of float32's bytes to batch on the host and to move to "
                    "the device; the model casts on the device) or compute "
                    "(cast to the --precision compute dtype on the host).",
+    "on_corrupt_shard": "A truncated or corrupt training file: skip (log "
+                        "it, count its lost records, train on) or fail "
+                        "(stop naming it).",
     "keep_host_memory": "Keep freed host memory mapped (glibc mallopt: 32 MB "
                         "mmap threshold, 512 MB top pad) so CPU training "
                         "steps do not page-fault their buffers in every "
@@ -118,6 +122,7 @@ HELP = {
 _ENUMS = {"bn_stats": BN_STATS, "precision": PRECISIONS,
           "bfloat16_conv_kernels": BFLOAT16_CONV_KERNELS,
           "input_dtype": INPUT_DTYPES,
+          "on_corrupt_shard": ON_CORRUPT_SHARD,
           "bn_all_reduce": BN_ALL_REDUCE,
           "gradient_all_reduce": GRADIENT_ALL_REDUCE,
           "strategy": STRATEGIES,

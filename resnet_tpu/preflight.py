@@ -13,6 +13,9 @@ here the data and the model_dir are opened:
   logged as a warning: the fused decode-and-crop saves nothing on it.
 * `check_model_dir`: a model_dir that already holds checkpoints must have
   been written by the same network (its config.json, export.write_config).
+* `check_manifest`: every file's size must match manifest.json, when the
+  data has one (resnet_tpu/manifest.py), so a truncated copy fails in
+  O(files) stats instead of losing records every epoch.
 """
 import json
 import os
@@ -24,10 +27,13 @@ from google.protobuf import message
 from resnet_tpu import data_checks
 from resnet_tpu import export
 from resnet_tpu import input_pipeline
+from resnet_tpu import manifest
 from resnet_tpu.config import TrainConfig
 
 # config.json keys that decide which variables a checkpoint holds.
 CHECKPOINT_KEYS = ("resnet_depth", "num_classes", "optimizer")
+# Size mismatches named in one error.
+MAX_LISTED = 5
 
 
 def _first_record(files: list[str]) -> tuple[bytes, str] | None:
@@ -111,3 +117,49 @@ def check_model_dir(cfg: TrainConfig) -> None:
         f"--model_dir={cfg.model_dir!r} holds checkpoints of another "
         f"network ({'; '.join(differ)}). Use a new --model_dir to start "
         "over, or the same flags to resume.")
+
+
+def _manifest_mismatches(data_dir: str, split: str,
+                         listed: manifest.Split) -> list[str]:
+  found = input_pipeline.split_files(data_dir, split)
+  paths = sorted(set(found) | {os.path.join(data_dir, n) for n in listed})
+  sizes = manifest.file_sizes(paths)
+  mismatches = []
+  for path in paths:
+    entry = listed.get(os.path.basename(path))
+    if entry is None:
+      mismatches.append(f"{path} is a {split} file manifest.json does not "
+                        "list")
+    elif sizes[path] < 0:
+      mismatches.append(f"{path} is missing ({entry.records:,} records)")
+    elif sizes[path] != entry.bytes:
+      mismatches.append(f"{path} is {sizes[path]:,} bytes, manifest.json "
+                        f"says {entry.bytes:,}")
+  return mismatches
+
+
+def check_manifest(cfg: TrainConfig) -> None:
+  """Raises ValueError naming every file whose size differs from
+  manifest.json; warns that lost records cannot be counted without one."""
+  listed = manifest.read(cfg.data_dir)
+  verify = manifest.VERIFY_COMMAND.format(data_dir=cfg.data_dir)
+  if listed is None:
+    logging.warning(
+        "--data_dir=%s has no manifest.json: records lost to a truncated or "
+        "corrupt file cannot be counted or their file named while training, "
+        "and a truncated copy is not caught before start-up. `%s "
+        "--write_manifest` checks every record and writes one.",
+        cfg.data_dir, verify)
+    return
+  mismatches = []
+  for split in [s for s in input_pipeline.SPLITS if s in listed]:
+    mismatches += _manifest_mismatches(cfg.data_dir, split, listed[split])
+  if mismatches:
+    more = len(mismatches) - MAX_LISTED
+    raise ValueError(
+        f"--data_dir={cfg.data_dir!r} does not match its manifest.json: "
+        + "; ".join(mismatches[:MAX_LISTED])
+        + (f"; and {more} more" if more > 0 else "")
+        + f". A partial copy? `{verify}` checks every record; copy the "
+        "files again, or rebuild them (data/build_tfrecords.py).")
+

@@ -13,6 +13,7 @@ from resnet_tpu import export
 from resnet_tpu import host_memory
 from resnet_tpu import input_pipeline
 from resnet_tpu import preflight
+from resnet_tpu import shard_audit
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.strategy import configure_cpu_replicas
 from resnet_tpu.strategy import create_strategy
@@ -57,6 +58,7 @@ def run(cfg: TrainConfig) -> dict:
   preflight.check_model_dir(cfg)
   if not cfg.use_synthetic_data:
     preflight.check_data_dir(cfg)
+    preflight.check_manifest(cfg)
   tf.keras.utils.set_random_seed(cfg.seed)
   collectives.set_options(bn_all_reduce=cfg.bn_all_reduce)
   strategy = create_strategy(cfg.strategy, cfg.tpu, cfg.num_cpu_replicas,
@@ -89,9 +91,12 @@ def train(cfg: TrainConfig, trainer: Trainer) -> dict:
   inputs = input_config(cfg)
   num_eval = num_eval_examples(cfg)
   logging.info("Validation split: %d examples", num_eval)
+  lost = shard_audit.LostRecords(cfg.on_corrupt_shard)
   return trainer.fit(
-      input_pipeline.train_dataset_fn(inputs, cfg.global_batch_size),
+      input_pipeline.train_dataset_fn(inputs, cfg.global_batch_size,
+                                      lost_records=lost),
       input_pipeline.eval_dataset_fn(inputs, cfg.eval_batch_size, num_eval),
       input_pipeline.eval_steps(num_eval, cfg.eval_batch_size),
       resume_dataset_fn=lambda start: input_pipeline.train_dataset_fn(
-          inputs, cfg.global_batch_size, start_step=start))
+          inputs, cfg.global_batch_size, start_step=start,
+          lost_records=lost))
