@@ -54,7 +54,7 @@ class TrainConfig:
   eval_batch_size: int = 1024
   train_steps: int = 0
   train_epochs: float = 0.0
-  num_train_images: int = 1281167
+  num_train_images: int = 0
   num_eval_images: int = 0
   steps_per_loop: int = 100
   eval_every_steps: int = 0

@@ -3,6 +3,8 @@
 main.py parses flags into a TrainConfig and calls `run`; tests and the Colab
 notebook call it directly.
 """
+import dataclasses
+
 from absl import logging
 import tensorflow as tf
 
@@ -59,6 +61,10 @@ def run(cfg: TrainConfig) -> dict:
   if not cfg.use_synthetic_data:
     preflight.check_data_dir(cfg)
     preflight.check_manifest(cfg)
+  cfg = dataclasses.replace(cfg,
+                            num_train_images=preflight.num_train_images(cfg))
+  for warning in preflight.schedule_warnings(cfg):
+    logging.warning("%s", warning)
   tf.keras.utils.set_random_seed(cfg.seed)
   collectives.set_options(bn_all_reduce=cfg.bn_all_reduce)
   strategy = create_strategy(cfg.strategy, cfg.tpu, cfg.num_cpu_replicas,
