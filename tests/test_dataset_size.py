@@ -2,9 +2,12 @@
 schedule boundary beyond the end of the run is warned about before start-up
 (preflight.schedule_warnings)."""
 import dataclasses
-import os
+import logging
+
+import pytest
 
 from resnet_tpu import preflight
+from resnet_tpu import run as run_lib
 from resnet_tpu.config import TrainConfig
 import damaged_shards
 
@@ -61,3 +64,21 @@ def test_batch_size_switch_beyond_the_run_is_warned():
       "--num_train_images=1,024)."]
   assert preflight.schedule_warnings(
       dataclasses.replace(cfg, train_steps=40)) == []
+
+
+def test_run_warns_before_start_up_of_a_warm_up_longer_than_the_run(
+    tmp_path, monkeypatch, caplog):
+  class StartUp(Exception):
+    pass
+
+  def strategy(*args, **kwargs):
+    raise StartUp
+
+  monkeypatch.setattr(run_lib, "create_strategy", strategy)
+  cfg = _config(model_dir=str(tmp_path), use_synthetic_data=True,
+                strategy="cpu", image_size=32, train_steps=250,
+                global_batch_size=64)  # an epoch of ImageNet's 1,281,167
+  with caplog.at_level(logging.WARNING), pytest.raises(StartUp):
+    run_lib.run(cfg)
+  assert ("--warmup_epochs=5 (100,092 steps) is longer than the run (250 "
+          "steps") in caplog.text

@@ -1,6 +1,7 @@
 """Damaged training shards are named and their lost records counted, at
 start-up (preflight.check_manifest) and while training (shard_audit.py).
 Built from real damaged files: cut mid-record, 8 bytes flipped mid-file."""
+import dataclasses
 import logging
 import os
 
@@ -9,6 +10,7 @@ import tensorflow as tf
 
 from resnet_tpu import input_pipeline
 from resnet_tpu import preflight
+from resnet_tpu import run as run_lib
 from resnet_tpu import shard_audit
 from resnet_tpu.config import TrainConfig
 import damaged_shards
@@ -128,3 +130,22 @@ def test_preflight_without_a_manifest_warns_that_losses_go_uncounted(
     preflight.check_manifest(_train_config(tmp_path))
   assert "has no manifest.json: records lost" in caplog.text
   assert "--write_manifest" in caplog.text
+
+
+def test_run_stops_before_start_up_on_a_file_shorter_than_its_manifest(
+    tmp_path, monkeypatch):
+  def no_strategy(*args, **kwargs):
+    raise AssertionError("the strategy started before the sizes were checked")
+
+  monkeypatch.setattr(run_lib, "create_strategy", no_strategy)
+  (tmp_path / "data").mkdir()
+  shards = damaged_shards.write_shards(tmp_path / "data")
+  damaged_shards.write_shards(tmp_path / "data", "validation", num_files=1)
+  damaged_shards.write_manifest(tmp_path / "data", "train", shards)
+  path, records = next(iter(shards.items()))
+  damaged_shards.truncate_in_record(path, records, 1)
+  cfg = dataclasses.replace(_train_config(tmp_path / "data"),
+                            model_dir=str(tmp_path / "model"),
+                            strategy="cpu", image_size=32)
+  with pytest.raises(ValueError, match=f"{path} is .* bytes, manifest.json"):
+    run_lib.run(cfg)
