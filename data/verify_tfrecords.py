@@ -106,8 +106,7 @@ def _read_all(split: str, paths: list[str], labels: range | None,
       done = [f.result() for f in futures if f.done()]
       seconds = time.monotonic() - start
       logging.info("%s: read %d/%d files, %s records, %.1f MB/s", split,
-                   len(done),
-                   len(paths), f"{sum(r.records for r in done):,}",
+                   len(done), len(paths), f"{sum(r.records for r in done):,}",
                    sum(r.bytes for r in done) / 1e6 / max(seconds, 1e-9))
     return [f.result() for f in futures]
 

@@ -14,8 +14,8 @@ the batch, with a C++ warning (none at TF_CPP_MIN_LOG_LEVEL=2). An error
 raised inside the pipeline on purpose would be swallowed the same way.
 
 So each training file listed in manifest.json is read with native tf.data
-ops only, no function per record (the whole-file parallel reads of Ying et
-al. 2018 §3.2 stay as fast; measured within noise of a plain read):
+ops only: a healthy file runs no function per record, and the whole-file
+parallel reads of Ying et al. 2018 §3.2 cost what plain reads cost.
 
   TFRecordDataset(file).ignore_errors().batch(1)    a bad record ends it
     .concatenate(one element per lost record)        runs only when short
