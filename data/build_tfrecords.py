@@ -23,6 +23,9 @@ are baseline). An image that does not decode is reported by path and
 skipped. OUTPUT_DIR/synsets.txt lists `<class index>\t<synset>`
 (TFRecord label = class index + 1); a later build into the same OUTPUT_DIR,
 such as the validation split, reuses it so that both splits share one map.
+OUTPUT_DIR/manifest.json gets each split's record count and each file's
+size and record count (resnet_tpu/manifest.py), merged with the other
+split's, so that a truncated copy is caught before training starts.
 
   python -m data.build_tfrecords --input_dir=imagenet/train \
       --output_dir=tfrecords --split=train --num_shards=1024
@@ -45,6 +48,7 @@ from absl import logging
 import tensorflow as tf
 
 from resnet_tpu import data_checks
+from resnet_tpu import manifest
 
 SPLITS = ("train", "validation")
 SYNSETS_FILE = "synsets.txt"
@@ -285,6 +289,11 @@ def build(input_dir: str, output_dir: str, split: str, num_shards: int,
   if len(skipped) == len(items):
     raise ValueError(f"none of the {len(items)} images under --input_dir "
                      f"{input_dir} could be decoded")
+  sizes = manifest.file_sizes(files)
+  manifest.write(output_dir, split, {
+      os.path.basename(path): manifest.FileEntry(
+          sizes[path], len(chunk) - len(shard[0]))
+      for path, chunk, shard in zip(files, chunks, shards)})
   report = BuildReport(files, len(items) - len(skipped), skipped,
                        sum(shard[1] for shard in shards),
                        sum(shard[2] for shard in shards))

@@ -25,6 +25,7 @@ OPTIMIZERS = ("momentum", "lars", "rmsprop_warmup")
 SCHEDULES = ("polynomial", "cosine", "step", "slow_start", "constant")
 INPUT_DTYPES = ("uint8", "compute")
 CPU_ONEDNN = ("auto", "on", "off")
+ON_CORRUPT_SHARD = ("skip", "fail")
 # The network downsamples by 32; below this the last stage sees < 1 pixel.
 MIN_IMAGE_SIZE = 32
 
@@ -70,7 +71,7 @@ class TrainConfig:
   eval_batch_size: int = 1024
   train_steps: int = 0
   train_epochs: float = 0.0
-  num_train_images: int = 1281167
+  num_train_images: int = 0
   num_eval_images: int = 0
   steps_per_loop: int = 100
   eval_every_steps: int = 0
@@ -105,6 +106,7 @@ class TrainConfig:
   prefetch: bool = True
   deterministic_input: bool = False
   input_dtype: str = "uint8"
+  on_corrupt_shard: str = "skip"
   # Host.
   keep_host_memory: bool = True
   collective_timeout_s: float = 0.0
@@ -188,7 +190,7 @@ RANGES: dict[str, Range] = {
     "eval_batch_size": _AT_LEAST_1,
     "train_steps": _NON_NEGATIVE,
     "train_epochs": _NON_NEGATIVE,
-    "num_train_images": _AT_LEAST_1,
+    "num_train_images": _NON_NEGATIVE,  # 0: from the data (preflight.py)
     "num_eval_images": _NON_NEGATIVE,
     "steps_per_loop": _AT_LEAST_1,
     "eval_every_steps": _NON_NEGATIVE,
@@ -226,6 +228,7 @@ CHOICES: dict[str, tuple] = {
     "lr_schedule": SCHEDULES,
     "input_dtype": INPUT_DTYPES,
     "cpu_onednn": CPU_ONEDNN,
+    "on_corrupt_shard": ON_CORRUPT_SHARD,
 }
 
 

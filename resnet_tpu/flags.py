@@ -67,7 +67,9 @@ HELP = {
     "eval_batch_size": "Images per eval step over all replicas.",
     "train_steps": "Training steps; overrides --train_epochs when > 0.",
     "train_epochs": "Training epochs of --num_train_images images.",
-    "num_train_images": "Images in one training epoch (ImageNet: 1281167).",
+    "num_train_images": "Images in one training epoch; 0 = from the data: "
+                        "manifest.json, else 1281167 for ImageNet's 1024 "
+                        "train files, else a count of the records.",
     "num_eval_images": "Validation images; 0 = count the records.",
     "steps_per_loop": "Training steps per host call (TPU host loop).",
     "eval_every_steps": "Evaluate every N steps; 0 = only at the end.",
@@ -110,6 +112,9 @@ HELP = {
                    "of float32's bytes to batch on the host and to move to "
                    "the device; the model casts on the device) or compute "
                    "(cast to the --precision compute dtype on the host).",
+    "on_corrupt_shard": "A truncated or corrupt training file: skip (log "
+                        "it, count its lost records, train on) or fail "
+                        "(stop naming it).",
     "keep_host_memory": "Keep freed host memory mapped (glibc mallopt: 32 MB "
                         "mmap threshold, 512 MB top pad) so CPU training "
                         "steps do not page-fault their buffers in every "

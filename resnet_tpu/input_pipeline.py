@@ -3,9 +3,9 @@
 Each host builds one pipeline per `tf.distribute.InputContext`:
 
   files -> shard by input_pipeline_id -> parallel interleave of TFRecordDataset
-  -> [cache raw records] -> shuffle -> repeat -> one fused map (parse, crop
-  box, decode-and-crop, resize, flip, cast to the transfer dtype) -> batch
-  per replica ->
+  (lost records counted: shard_audit.py) -> [cache raw records] -> shuffle
+  -> repeat -> one fused map (parse, crop box, decode-and-crop, resize, flip,
+  cast to the transfer dtype) -> batch per replica ->
   bad-record guards (data_checks.py: undecodable images labelled -1, labels
   checked) -> prefetch
 
@@ -33,6 +33,7 @@ import tensorflow as tf
 
 from resnet_tpu import data_checks
 from resnet_tpu import preprocessing
+from resnet_tpu import shard_audit
 
 SPLITS = ("train", "validation")
 # uint8: what preprocessing.py returns, a quarter of the bytes of float32;
@@ -94,10 +95,12 @@ def split_files(data_dir: str, split: str) -> list[str]:
 
 
 def count_examples(data_dir: str, split: str) -> int:
-  """Number of records in the `split` files, read without parsing them."""
+  """Records in the `split` files, read without parsing them; a damaged
+  file counts the records before the damage (shard_audit.py)."""
   records = tf.data.TFRecordDataset(split_files(data_dir, split),
                                     buffer_size=READ_BUFFER_BYTES,
-                                    num_parallel_reads=tf.data.AUTOTUNE)
+                                    num_parallel_reads=tf.data.AUTOTUNE
+                                    ).ignore_errors()
   count = records.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1)
   return int(count)
 
@@ -128,25 +131,26 @@ def _options(cfg: InputConfig, deterministic: bool) -> tf.data.Options:
 
 def _records(files: list[str], ctx: tf.distribute.InputContext,
              cfg: InputConfig, shard_files: bool,
-             max_records: int | None = None) -> tf.data.Dataset:
+             max_records: int | None = None,
+             audit: shard_audit.FileAudit | None = None) -> tf.data.Dataset:
   """This pipeline's share of the serialized records, optionally cached.
 
   shard_files=True gives each pipeline whole files in a shuffled order;
   otherwise all pipelines read all files in one fixed order and keep every
   k-th record of its first `max_records`, which needs a deterministic
-  interleave so that they agree.
+  interleave so that they agree; then only pipeline 0 counts lost records.
   """
   num_pipelines, pipeline_id = ctx.num_input_pipelines, ctx.input_pipeline_id
   if shard_files:
     files = files[pipeline_id::num_pipelines]
-  names = tf.data.Dataset.from_tensor_slices(files)
+  names, read = shard_audit.reading(files, READ_BUFFER_BYTES, audit,
+                                    counted=shard_files or pipeline_id == 0)
   if shard_files:
     # Shuffled once, not every epoch, so cache() replays what reading gives.
     names = names.shuffle(len(files), seed=cfg.seed,
                           reshuffle_each_iteration=False)
   records = names.interleave(
-      lambda name: tf.data.TFRecordDataset(name, buffer_size=READ_BUFFER_BYTES),
-      cycle_length=min(len(files), MAX_FILES_READ_AT_ONCE),
+      read, cycle_length=min(len(files), MAX_FILES_READ_AT_ONCE),
       block_length=1,
       num_parallel_calls=_parallelism(cfg.parallel_interleave),
       deterministic=None if shard_files else True)
@@ -200,7 +204,9 @@ def _examples_per_pipeline(global_batch_size: int,
 
 
 def train_dataset_fn(cfg: InputConfig, global_batch_size: int,
-                     start_step: int = 0) -> DatasetFn:
+                     start_step: int = 0,
+                     lost_records: shard_audit.LostRecords | None = None
+                     ) -> DatasetFn:
   """Infinite training dataset_fn: (images [b, S, S, 3], labels int32 [b]).
 
   Images are raw 0..255 pixels in cfg.dtype (uint8 by default; the model's
@@ -208,13 +214,18 @@ def train_dataset_fn(cfg: InputConfig, global_batch_size: int,
   `start_step` skips the records of that many global steps before decoding
   anything, so with a seed and deterministic=True a resumed run sees exactly
   the batches the interrupted one would have seen.
+  `lost_records` counts the records lost to damaged files when
+  manifest.json lists them (shard_audit.py).
   """
   files = split_files(cfg.data_dir, "train")
+  audit = (shard_audit.FileAudit.of(cfg.data_dir, files, lost_records)
+           if lost_records else None)
 
   def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
     batch_size = ctx.get_per_replica_batch_size(global_batch_size)
     records = _records(files, ctx, cfg,
-                       shard_files=len(files) >= ctx.num_input_pipelines)
+                       shard_files=len(files) >= ctx.num_input_pipelines,
+                       audit=audit)
     records = records.shuffle(cfg.shuffle_buffer_size, seed=cfg.seed,
                               reshuffle_each_iteration=True)
     records = records.repeat().enumerate()

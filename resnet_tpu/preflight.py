@@ -13,9 +13,16 @@ here the data and the model_dir are opened:
   logged as a warning: the fused decode-and-crop saves nothing on it.
 * `check_model_dir`: a model_dir that already holds checkpoints must have
   been written by the same network (its config.json, config.write_config).
+* `check_manifest`: every file's size must match manifest.json, when the
+  data has one (resnet_tpu/manifest.py), so a truncated copy fails in
+  O(files) stats instead of losing records every epoch.
+* `num_train_images`: the epoch length, from the data unless set.
+* `schedule_warnings`: warm-up, decays and batch-size switches that lie
+  beyond the end of the run (the LR schedule counts in epochs).
 """
 import json
 import os
+import time
 
 from absl import logging
 import tensorflow as tf
@@ -23,12 +30,19 @@ from google.protobuf import message
 
 from resnet_tpu import data_checks
 from resnet_tpu import input_pipeline
+from resnet_tpu import manifest
+from resnet_tpu import schedules
 from resnet_tpu.config import CONFIG_FILE
 from resnet_tpu.config import ConfigError
 from resnet_tpu.config import TrainConfig
 
 # config.json keys that decide which variables a checkpoint holds.
 CHECKPOINT_KEYS = ("resnet_depth", "num_classes", "optimizer")
+# ImageNet's training set, in tensorflow/tpu imagenet_to_gcs.py's layout.
+IMAGENET_TRAIN_IMAGES = 1281167
+IMAGENET_TRAIN_FILES = tuple(f"train-{i:05d}-of-01024" for i in range(1024))
+# Size mismatches named in one error.
+MAX_LISTED = 5
 
 
 def _first_record(files: list[str]) -> tuple[bytes, str] | None:
@@ -112,3 +126,118 @@ def check_model_dir(cfg: TrainConfig) -> None:
         f"--model_dir={cfg.model_dir!r} holds checkpoints of another "
         f"network ({'; '.join(differ)}). Use a new --model_dir to start "
         "over, or the same flags to resume.")
+
+
+def _manifest_mismatches(data_dir: str, split: str,
+                         listed: manifest.Split) -> list[str]:
+  found = input_pipeline.split_files(data_dir, split)
+  paths = sorted(set(found) | {os.path.join(data_dir, n) for n in listed})
+  sizes = manifest.file_sizes(paths)
+  mismatches = []
+  for path in paths:
+    entry = listed.get(os.path.basename(path))
+    if entry is None:
+      mismatches.append(f"{path} is a {split} file manifest.json does not "
+                        "list")
+    elif sizes[path] < 0:
+      mismatches.append(f"{path} is missing ({entry.records:,} records)")
+    elif sizes[path] != entry.bytes:
+      mismatches.append(f"{path} is {sizes[path]:,} bytes, manifest.json "
+                        f"says {entry.bytes:,}")
+  return mismatches
+
+
+def check_manifest(cfg: TrainConfig) -> None:
+  """Raises ConfigError naming every file whose size differs from
+  manifest.json; warns that lost records cannot be counted without one."""
+  listed = manifest.read(cfg.data_dir)
+  verify = manifest.VERIFY_COMMAND.format(data_dir=cfg.data_dir)
+  if listed is None:
+    logging.warning(
+        "--data_dir=%s has no manifest.json: records lost to a truncated or "
+        "corrupt file cannot be counted or their file named while training, "
+        "and a truncated copy is not caught before start-up. `%s "
+        "--write_manifest` checks every record and writes one.",
+        cfg.data_dir, verify)
+    return
+  mismatches = []
+  for split in [s for s in input_pipeline.SPLITS if s in listed]:
+    mismatches += _manifest_mismatches(cfg.data_dir, split, listed[split])
+  if mismatches:
+    more = len(mismatches) - MAX_LISTED
+    raise ConfigError(
+        f"--data_dir={cfg.data_dir!r} does not match its manifest.json: "
+        + "; ".join(mismatches[:MAX_LISTED])
+        + (f"; and {more} more" if more > 0 else "")
+        + f". A partial copy? `{verify}` checks every record; copy the "
+        "files again, or rebuild them (data/build_tfrecords.py).")
+
+
+def num_train_images(cfg: TrainConfig) -> int:
+  """Images per epoch: --num_train_images, else the train records of
+  manifest.json, else ImageNet's count for its 1024-file layout, else a
+  count of the records (a read of every train file, without parsing).
+  Synthetic data stands in for ImageNet."""
+  if cfg.num_train_images:
+    return cfg.num_train_images
+  if cfg.use_synthetic_data:
+    logging.info("--use_synthetic_data: an epoch is ImageNet's %s images "
+                 "(--num_train_images sets it)", f"{IMAGENET_TRAIN_IMAGES:,}")
+    return IMAGENET_TRAIN_IMAGES
+  listed = (manifest.read(cfg.data_dir) or {}).get("train")
+  if listed:
+    count = manifest.records(listed)
+    logging.info("%s training images (manifest.json)", f"{count:,}")
+    return count
+  files = input_pipeline.split_files(cfg.data_dir, "train")
+  if tuple(os.path.basename(f) for f in files) == IMAGENET_TRAIN_FILES:
+    logging.info("ImageNet's 1024 training files: %s images (no "
+                 "manifest.json to count them)", f"{IMAGENET_TRAIN_IMAGES:,}")
+    return IMAGENET_TRAIN_IMAGES
+  start = time.monotonic()
+  count = input_pipeline.count_examples(cfg.data_dir, "train")
+  logging.info("Counted %s training records in %d files in %.1f s (a "
+               "manifest.json saves this: `%s --write_manifest`)",
+               f"{count:,}", len(files), time.monotonic() - start,
+               manifest.VERIFY_COMMAND.format(data_dir=cfg.data_dir))
+  return count
+
+
+def schedule_warnings(cfg: TrainConfig) -> list[str]:
+  """A line for the warm-up, the decays and the batch-size switches that
+  lie beyond the end of the run; `cfg` has its num_train_images."""
+  clock, steps = cfg.clock, cfg.total_train_steps
+  run = (f"the run ({steps:,} steps, {cfg.total_train_epochs:.3g} epochs of "
+         f"--num_train_images={cfg.num_train_images:,})")
+  warnings = []
+  warmup_steps = clock.steps_for_epochs(cfg.warmup_epochs)
+  if warmup_steps > steps:
+    scaled = (cfg.base_learning_rate * clock.global_batch_at_step(steps - 1)
+              / 256 * (schedules.SLOW_START_MULTIPLIERS[0]
+                       if cfg.lr_schedule == "slow_start" else 1.0))
+    share = cfg.total_train_epochs / cfg.warmup_epochs
+    warnings.append(
+        f"--warmup_epochs={cfg.warmup_epochs:g} ({warmup_steps:,} steps) is "
+        f"longer than {run}; the LR peaks at {scaled * share:.3g}, "
+        f"{share * 100:.2g}% of the {scaled:.3g} it would reach.")
+  boundaries = {"step": schedules.STEP_BOUNDARIES,
+                "slow_start": schedules.SLOW_START_BOUNDARIES}
+  late = [(epoch, clock.steps_for_epochs(epoch))
+          for epoch in boundaries.get(cfg.lr_schedule, ())
+          if clock.steps_for_epochs(epoch) >= steps]
+  if late:
+    warnings.append(
+        f"The --lr_schedule={cfg.lr_schedule} decays at epochs "
+        f"{', '.join(f'{e:g}' for e, _ in late)} (steps "
+        f"{', '.join(f'{s:,}' for _, s in late)}) lie beyond the end of "
+        f"{run}: the LR never decays there.")
+  late = [(epoch, batch, start) for (epoch, batch), start in zip(
+      clock.batch_size_schedule, clock.phase_start_steps()) if start >= steps]
+  if late:
+    warnings.append(
+        "The --batch_size_schedule switches to global batches "
+        f"{', '.join(f'{b:,}' for _, b, _ in late)} at epochs "
+        f"{', '.join(str(e) for e, _, _ in late)} (steps "
+        f"{', '.join(f'{s:,}' for _, _, s in late)}) lie beyond the end of "
+        f"{run}.")
+  return warnings

@@ -3,6 +3,8 @@
 main.py parses flags into a TrainConfig and calls `run`; tests and the Colab
 notebook call it directly.
 """
+import dataclasses
+
 from absl import logging
 import tensorflow as tf
 
@@ -13,6 +15,7 @@ from resnet_tpu import host_memory
 from resnet_tpu import input_pipeline
 from resnet_tpu import preflight
 from resnet_tpu import process_setup
+from resnet_tpu import shard_audit
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.strategy import configure_cpu_replicas
 from resnet_tpu.strategy import create_strategy
@@ -64,6 +67,11 @@ def run(cfg: TrainConfig, model_fn: ModelFn | None = None,
   preflight.check_model_dir(cfg)
   if not cfg.use_synthetic_data:
     preflight.check_data_dir(cfg)
+    preflight.check_manifest(cfg)
+  cfg = dataclasses.replace(cfg,
+                            num_train_images=preflight.num_train_images(cfg))
+  for warning in preflight.schedule_warnings(cfg):
+    logging.warning("%s", warning)
   tf.keras.utils.set_random_seed(cfg.seed)
   distribution = create_strategy(
       cfg.strategy, cfg.tpu, cfg.num_cpu_replicas,
@@ -99,9 +107,13 @@ def train(cfg: TrainConfig, trainer: Trainer) -> dict:
   inputs = input_config(cfg)
   num_eval = num_eval_examples(cfg)
   logging.info("Validation split: %d examples", num_eval)
+  lost = shard_audit.LostRecords(cfg.on_corrupt_shard)
   return trainer.fit(
-      input_pipeline.train_dataset_fn(inputs, cfg.global_batch_size),
+      input_pipeline.train_dataset_fn(inputs, cfg.global_batch_size,
+                                      lost_records=lost),
       input_pipeline.eval_dataset_fn(inputs, cfg.eval_batch_size, num_eval),
       input_pipeline.eval_steps(num_eval, cfg.eval_batch_size),
       resume_dataset_fn=lambda start: input_pipeline.train_dataset_fn(
-          inputs, cfg.global_batch_size, start_step=start))
+          inputs, cfg.global_batch_size, start_step=start,
+          lost_records=lost),
+      lost_records=lost)

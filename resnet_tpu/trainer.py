@@ -26,6 +26,7 @@ from resnet_tpu.host_loops import HostLoops
 from resnet_tpu.host_loops import LoopResult
 from resnet_tpu.metrics_log import MetricsLog
 from resnet_tpu.model import build_model
+from resnet_tpu.shard_audit import LostRecords
 from resnet_tpu.optimizers import build_optimizer_from_config
 from resnet_tpu.train_step import make_accumulators
 from resnet_tpu.train_step import ReplicaStep
@@ -89,6 +90,7 @@ class Trainer:
                                    self.chief)
     self.metrics = MetricsLog(cfg.model_dir, enabled=self.chief)
     self._start_time = time.time()
+    self._lost_records = None
 
   def _checkpoint_dir(self) -> str:
     if self.chief:
@@ -146,16 +148,18 @@ class Trainer:
 
   def fit(self, train_dataset_fn: DatasetFn,
           eval_dataset_fn: DatasetFn | None = None, eval_steps: int = 0,
-          resume_dataset_fn: Callable[[int], DatasetFn] | None = None
-          ) -> dict:
+          resume_dataset_fn: Callable[[int], DatasetFn] | None = None,
+          lost_records: LostRecords | None = None) -> dict:
     """Trains to cfg.total_train_steps, evaluating and checkpointing.
 
     Resumes from the newest intact checkpoint in model_dir, input included:
     reading continues at global batch `input_batches`, from
     `resume_dataset_fn(input_batches)` when given (input_pipeline's
     start_step skips records before decoding them), else by skipping that
-    many batches of `train_dataset_fn`. Returns the last eval record (or the
-    last train record when there is no eval set).
+    many batches of `train_dataset_fn`. `lost_records` counts the records of
+    damaged training files (shard_audit.py), logged per host loop. Returns
+    the last eval record (or the last train record when there is no eval
+    set).
 
     Raises preemption.Preempted after checkpointing when any worker got
     SIGTERM, preemption.WorkerLost when a peer worker failed, and
@@ -163,6 +167,7 @@ class Trainer:
     cfg.skip_nonfinite_steps.
     """
     self._start_time = time.time()
+    self._lost_records = lost_records
     self.restore()
     train_iter = iter(self.strategy.distribute_datasets_from_function(
         self._positioned_input(train_dataset_fn, resume_dataset_fn)))
@@ -284,7 +289,10 @@ class Trainer:
               "examples": result.examples, "images_per_sec": images_per_sec,
               "elapsed_s": elapsed, "learning_rate": lr,
               "undecodable_images": result.undecodable_images,
-              "skipped_steps": result.nonfinite_steps}
+              "skipped_steps": result.nonfinite_steps,
+              # Raises under --on_corrupt_shard=fail.
+              "lost_records": (self._lost_records.take()
+                               if self._lost_records else 0)}
     self.metrics.write(record)
     if result.undecodable_images:
       logging.warning("Skipped %d undecodable image(s) in the steps up to %d "

@@ -13,6 +13,7 @@ from data import build_tfrecords
 from data import make_synthetic
 from resnet_tpu import data_checks
 from resnet_tpu import input_pipeline
+from resnet_tpu import manifest
 from resnet_tpu import preprocessing
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -200,6 +201,20 @@ def test_empty_or_missing_input_dir_is_a_clear_error(tmp_path, make_input):
   with pytest.raises(ValueError, match="--input_dir"):
     build_tfrecords.build(make_input(tmp_path / "images"),
                           str(tmp_path / "records"), "train", num_shards=1)
+
+
+def test_build_writes_a_manifest_and_merges_the_other_split(tmp_path):
+  out = str(tmp_path / "records")
+  build_tfrecords.build(class_folders(tmp_path / "train"), out, "train", 2)
+  build_tfrecords.build(class_folders(tmp_path / "val", per_class=1), out,
+                        "validation", 1)
+  splits = manifest.read(out)
+  for split, count in (("train", 6), ("validation", 3)):
+    assert manifest.records(splits[split]) == count
+    for name, entry in splits[split].items():
+      path = os.path.join(out, name)
+      assert entry.bytes == os.path.getsize(path)
+      assert entry.records == len(read_records([path]))
 
 
 def test_training_order_is_shuffled_with_a_fixed_seed(tmp_path):

@@ -101,7 +101,8 @@ def run_dir(tmp_path_factory):
         "validation", 1)
   cfg = TrainConfig(model_dir=str(root / "model"), data_dir=str(root / "data"),
                     resnet_depth=18, num_classes=CLASSES, image_size=SIZE,
-                    precision="bfloat16", bn_group_size=2, train_steps=1)
+                    precision="bfloat16", bn_group_size=2, train_steps=1,
+                    num_train_images=CLASSES)
   model, optimizer = build_model(cfg), build_optimizer_from_config(cfg)
   optimizer.build(model.trainable_variables)
   randomize(model)

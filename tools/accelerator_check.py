@@ -165,7 +165,8 @@ def main(argv: list[str]) -> None:
   if FLAGS.steps:
     sizes = dataclasses.replace(sizes, steps=FLAGS.steps)
   strategy = create_strategy(kind, FLAGS.tpu, FLAGS.num_cpu_replicas,
-                             bn_group_size=1, log_topology=kind == "tpu")
+                             bn_group_size=1,
+                             log_topology=kind == "tpu").strategy
   device_check.log_start_up(strategy)
   topology = tpu_summary(strategy) if kind == "tpu" else None
   with tempfile.TemporaryDirectory() as tmp:

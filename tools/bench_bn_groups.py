@@ -19,6 +19,7 @@ import tensorflow as tf  # noqa: E402
 
 from resnet_tpu import host_memory  # noqa: E402
 from resnet_tpu import input_pipeline  # noqa: E402
+from resnet_tpu import preflight  # noqa: E402
 from resnet_tpu.config import TrainConfig  # noqa: E402
 from resnet_tpu.strategy import configure_cpu_replicas  # noqa: E402
 from resnet_tpu.trainer import Trainer  # noqa: E402
@@ -38,7 +39,7 @@ def step_timer(strategy, group_size: int, depth: int, image_size: int,
       resnet_depth=depth, num_classes=1000, image_size=image_size,
       bn_group_size=group_size, global_batch_size=batch,
       eval_batch_size=batch, train_steps=1, lr_schedule="constant",
-      warmup_epochs=0.0)
+      warmup_epochs=0.0, num_train_images=preflight.IMAGENET_TRAIN_IMAGES)
   trainer = Trainer(cfg, strategy, model_fn=model_fn)
   iterator = iter(strategy.distribute_datasets_from_function(
       input_pipeline.synthetic_dataset_fn(image_size, 1000, batch,

@@ -42,6 +42,7 @@ import tensorflow as tf  # noqa: E402
 from resnet_tpu import bfloat16_convs  # noqa: E402
 from resnet_tpu import host_memory  # noqa: E402
 from resnet_tpu import input_pipeline  # noqa: E402
+from resnet_tpu import preflight  # noqa: E402
 from resnet_tpu.config import TrainConfig  # noqa: E402
 from resnet_tpu.model import build_model  # noqa: E402
 from resnet_tpu.trainer import Trainer  # noqa: E402
@@ -82,7 +83,8 @@ def train_config(precision: str, image_size: int, batch: int, depth: int,
       num_classes=1000, image_size=image_size, precision=precision,
       global_batch_size=batch, eval_batch_size=batch, train_steps=1,
       steps_per_loop=1, lr_schedule="constant", warmup_epochs=0.0,
-      label_smoothing=0.1, weight_decay=1e-4)
+      label_smoothing=0.1, weight_decay=1e-4,
+      num_train_images=preflight.IMAGENET_TRAIN_IMAGES)
 
 
 def step_timer(cfg: TrainConfig, model_fn, steps: int):

@@ -1,0 +1,84 @@
+"""The epoch length comes from the data (preflight.num_train_images), and a
+schedule boundary beyond the end of the run is warned about before start-up
+(preflight.schedule_warnings)."""
+import dataclasses
+import logging
+
+import pytest
+
+from resnet_tpu import preflight
+from resnet_tpu import run as run_lib
+from resnet_tpu.config import TrainConfig
+import damaged_shards
+
+
+def _config(data_dir="", **overrides) -> TrainConfig:
+  return TrainConfig(**{"model_dir": "unused", "data_dir": str(data_dir),
+                        "num_classes": 3, "train_steps": 1, **overrides})
+
+
+def test_num_train_images_is_the_flag_else_the_manifest_else_a_count(
+    tmp_path):
+  shards = damaged_shards.write_shards(tmp_path, per_file=5)
+  assert preflight.num_train_images(_config(tmp_path)) == 10  # counted
+  assert preflight.num_train_images(
+      _config(tmp_path, num_train_images=7)) == 7
+  damaged_shards.write_manifest(tmp_path, "train", {
+      path: records * 3 for path, records in shards.items()})
+  assert preflight.num_train_images(_config(tmp_path)) == 30  # manifest
+
+
+def test_imagenets_1024_file_layout_is_imagenets_count_without_reading(
+    tmp_path):
+  for i in range(1024):  # empty: reading them would count 0
+    (tmp_path / f"train-{i:05d}-of-01024").touch()
+  assert preflight.num_train_images(_config(tmp_path)) == 1281167
+  assert preflight.num_train_images(
+      _config(use_synthetic_data=True)) == 1281167
+
+
+def test_warm_up_and_decays_beyond_the_run_are_warned_with_the_peak_lr():
+  # The run of issue 22: ImageNet's count for a 4,000-image set.
+  cfg = _config(num_train_images=1281167, train_steps=250,
+                global_batch_size=64, base_learning_rate=0.1,
+                warmup_epochs=5, lr_schedule="step")
+  assert preflight.schedule_warnings(cfg) == [
+      "--warmup_epochs=5 (100,092 steps) is longer than the run (250 steps, "
+      "0.0125 epochs of --num_train_images=1,281,167); the LR peaks at "
+      "6.24e-05, 0.25% of the 0.025 it would reach.",
+      "The --lr_schedule=step decays at epochs 30, 60, 80 (steps 600,548, "
+      "1,201,095, 1,601,459) lie beyond the end of the run (250 steps, "
+      "0.0125 epochs of --num_train_images=1,281,167): the LR never decays "
+      "there."]
+  assert preflight.schedule_warnings(dataclasses.replace(
+      cfg, num_train_images=64, warmup_epochs=5)) == []
+
+
+def test_batch_size_switch_beyond_the_run_is_warned():
+  cfg = _config(num_train_images=1024, train_steps=8, global_batch_size=64,
+                batch_size_schedule="0:64,2:128", warmup_epochs=0,
+                lr_schedule="constant")
+  assert preflight.schedule_warnings(cfg) == [
+      "The --batch_size_schedule switches to global batches 128 at epochs 2 "
+      "(steps 32) lie beyond the end of the run (8 steps, 0.5 epochs of "
+      "--num_train_images=1,024)."]
+  assert preflight.schedule_warnings(
+      dataclasses.replace(cfg, train_steps=40)) == []
+
+
+def test_run_warns_before_start_up_of_a_warm_up_longer_than_the_run(
+    tmp_path, monkeypatch, caplog):
+  class StartUp(Exception):
+    pass
+
+  def strategy(*args, **kwargs):
+    raise StartUp
+
+  monkeypatch.setattr(run_lib, "create_strategy", strategy)
+  cfg = _config(model_dir=str(tmp_path), use_synthetic_data=True,
+                strategy="cpu", image_size=32, train_steps=250,
+                global_batch_size=64)  # an epoch of ImageNet's 1,281,167
+  with caplog.at_level(logging.WARNING), pytest.raises(StartUp):
+    run_lib.run(cfg)
+  assert ("--warmup_epochs=5 (100,092 steps) is longer than the run (250 "
+          "steps") in caplog.text

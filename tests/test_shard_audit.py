@@ -1,0 +1,194 @@
+"""Damaged training shards are named and their lost records counted, at
+start-up (preflight.check_manifest) and while training (shard_audit.py).
+Built from real damaged files: cut mid-record, 8 bytes flipped mid-file."""
+import dataclasses
+import logging
+import os
+
+import pytest
+import tensorflow as tf
+
+from conftest import cpu_strategy
+import damaged_shards
+from resnet_tpu import input_pipeline
+from resnet_tpu import preflight
+from resnet_tpu import run as run_lib
+from resnet_tpu import shard_audit
+from resnet_tpu.config import TrainConfig
+from resnet_tpu.metrics_log import read_metrics
+from resnet_tpu.strategy import Distribution
+from tiny_model import tiny_resnet
+
+PER_FILE = 6
+
+
+def _config(data_dir, **overrides) -> input_pipeline.InputConfig:
+  return input_pipeline.InputConfig(data_dir=str(data_dir), image_size=8,
+                                    shuffle_buffer_size=64, **overrides)
+
+
+def _read_one_pass(data_dir, lost: shard_audit.LostRecords | None,
+                   **overrides) -> list[int]:
+  """Labels of the first 8 training examples (the shuffle buffer reads
+  every file of the first pass to its end first)."""
+  dataset = input_pipeline.train_dataset_fn(
+      _config(data_dir, **overrides), global_batch_size=2,
+      lost_records=lost)(tf.distribute.InputContext())
+  return [int(label) for _, labels in dataset.take(4) for label in labels]
+
+
+@pytest.fixture(params=["truncated", "corrupt"])
+def damaged(request, tmp_path):
+  """(data_dir, damaged file, its offset, records lost), with a manifest."""
+  shards = damaged_shards.write_shards(tmp_path)
+  damaged_shards.write_manifest(tmp_path, "train", shards)
+  path, records = list(shards.items())[1]
+  damage = {"truncated": damaged_shards.truncate_in_record,
+            "corrupt": damaged_shards.flip_bytes_in_record}[request.param]
+  return tmp_path, path, damage(path, records, 2), PER_FILE - 2
+
+
+def test_damaged_training_file_is_named_and_its_lost_records_counted(
+    damaged, caplog):
+  data_dir, path, offset, lost_count = damaged
+  lost = shard_audit.LostRecords()
+  with caplog.at_level(logging.WARNING):
+    _read_one_pass(data_dir, lost)
+  warnings = [r.getMessage() for r in caplog.records
+              if r.levelno == logging.WARNING and path in r.getMessage()]
+  assert warnings, caplog.text
+  assert (f"{path}: read 2 of its {PER_FILE} records (manifest.json), "
+          f"{lost_count} lost in each pass, stopping at a ") in warnings[0]
+  assert f"at byte {offset:,}" in warnings[0]
+  # A warning per pass read; reading ahead may have begun another.
+  assert lost_count <= lost.take() <= lost_count * len(warnings)
+
+
+def test_file_audit_counts_each_lost_record_once_per_pass(damaged):
+  data_dir, path, _, lost_count = damaged
+  lost = shard_audit.LostRecords()
+  files = input_pipeline.split_files(str(data_dir), "train")
+  audit = shard_audit.FileAudit.of(str(data_dir), files, lost)
+  read = audit.reader(1 << 20, counted=True)
+  for name, expected in audit.names(files):
+    assert len(list(read(name, expected))) == (
+        2 if name.numpy().decode() == path else PER_FILE)
+  assert lost.take() == lost_count
+
+
+def test_on_corrupt_shard_fail_raises_naming_the_file(damaged):
+  data_dir, path, _, _ = damaged
+  lost = shard_audit.LostRecords("fail")
+  _read_one_pass(data_dir, lost)
+  with pytest.raises(shard_audit.CorruptShardError, match=path):
+    lost.take()
+
+
+def test_counting_leaves_the_records_and_their_order_alone(tmp_path):
+  damaged_shards.write_manifest(tmp_path, "train",
+                                damaged_shards.write_shards(tmp_path))
+  same = dict(seed=3, deterministic=True)
+  lost = shard_audit.LostRecords()
+  assert _read_one_pass(tmp_path, lost, **same) == _read_one_pass(
+      tmp_path, None, **same)
+  assert lost.take() == 0
+
+
+def test_without_a_manifest_files_are_read_as_they_are_uncounted(tmp_path):
+  shards = damaged_shards.write_shards(tmp_path)
+  path, records = list(shards.items())[0]
+  damaged_shards.truncate_in_record(path, records, 3)
+  lost = shard_audit.LostRecords()
+  assert shard_audit.FileAudit.of(str(tmp_path), list(shards), lost) is None
+  assert len(_read_one_pass(tmp_path, lost)) == 8
+  assert lost.take() == 0
+
+
+def _train_config(data_dir) -> TrainConfig:
+  return TrainConfig(model_dir="unused", data_dir=str(data_dir),
+                     num_classes=3, train_steps=1)
+
+
+def test_preflight_names_a_truncated_and_a_missing_file_via_the_manifest(
+    tmp_path):
+  shards = damaged_shards.write_shards(tmp_path, num_files=3)
+  damaged_shards.write_shards(tmp_path, "validation", num_files=1)
+  damaged_shards.write_manifest(tmp_path, "train", shards)
+  (cut, records), (missing, _), _ = shards.items()
+  size = os.path.getsize(cut)
+  damaged_shards.truncate_in_record(cut, records, 4)
+  os.remove(missing)
+  with pytest.raises(ValueError) as error:
+    preflight.check_manifest(_train_config(tmp_path))
+  message = str(error.value)
+  assert (f"{cut} is {os.path.getsize(cut):,} bytes, manifest.json says "
+          f"{size:,}") in message
+  assert f"{missing} is missing ({PER_FILE} records)" in message
+  assert f"python -m data.verify_tfrecords --data_dir={tmp_path}" in message
+
+
+def test_preflight_without_a_manifest_warns_that_losses_go_uncounted(
+    tmp_path, caplog):
+  damaged_shards.write_shards(tmp_path)
+  with caplog.at_level(logging.WARNING):
+    preflight.check_manifest(_train_config(tmp_path))
+  assert "has no manifest.json: records lost" in caplog.text
+  assert "--write_manifest" in caplog.text
+
+
+def test_run_stops_before_start_up_on_a_file_shorter_than_its_manifest(
+    tmp_path, monkeypatch):
+  def no_strategy(*args, **kwargs):
+    raise AssertionError("the strategy started before the sizes were checked")
+
+  monkeypatch.setattr(run_lib, "create_strategy", no_strategy)
+  (tmp_path / "data").mkdir()
+  shards = damaged_shards.write_shards(tmp_path / "data")
+  damaged_shards.write_shards(tmp_path / "data", "validation", num_files=1)
+  damaged_shards.write_manifest(tmp_path / "data", "train", shards)
+  path, records = next(iter(shards.items()))
+  damaged_shards.truncate_in_record(path, records, 1)
+  cfg = dataclasses.replace(_train_config(tmp_path / "data"),
+                            model_dir=str(tmp_path / "model"),
+                            strategy="cpu", image_size=32)
+  with pytest.raises(ValueError, match=f"{path} is .* bytes, manifest.json"):
+    run_lib.run(cfg)
+
+
+def _corrupt_run(tmp_path, **overrides) -> tuple[TrainConfig, str]:
+  """A run over 2 files of 6 records, the second with a CRC mismatch in its
+  third record (same size, so pre-flight passes it); returns (cfg, path)."""
+  data_dir = tmp_path / "data"
+  data_dir.mkdir()
+  shards = damaged_shards.write_shards(data_dir)
+  damaged_shards.write_shards(data_dir, "validation", num_files=1)
+  damaged_shards.write_manifest(data_dir, "train", shards)
+  path, records = list(shards.items())[1]
+  damaged_shards.flip_bytes_in_record(path, records, 2)
+  cfg = dataclasses.replace(
+      _train_config(data_dir), model_dir=str(tmp_path / "model"),
+      strategy="cpu", num_cpu_replicas=2, image_size=32, global_batch_size=4,
+      eval_batch_size=4, train_steps=4, steps_per_loop=2,
+      shuffle_buffer_size=8, warmup_epochs=0.0, **overrides)
+  return cfg, path
+
+
+def test_a_run_counts_lost_records_in_metrics_and_trains_on(tmp_path,
+                                                             monkeypatch):
+  monkeypatch.setattr(run_lib, "create_strategy", lambda *a, **k:
+                      Distribution(cpu_strategy(2)))
+  cfg, _ = _corrupt_run(tmp_path)
+  run_lib.run(cfg, model_fn=tiny_resnet)
+  train = [r for r in read_metrics(cfg.model_dir) if r["split"] == "train"]
+  assert [r["step"] for r in train] == [2, 4]  # trained on to the end
+  # 4 of the damaged file's 6 records are lost in every pass read.
+  assert sum(r["lost_records"] for r in train) >= 4
+
+
+def test_on_corrupt_shard_fail_stops_the_run_naming_the_file(tmp_path,
+                                                              monkeypatch):
+  monkeypatch.setattr(run_lib, "create_strategy", lambda *a, **k:
+                      Distribution(cpu_strategy(2)))
+  cfg, path = _corrupt_run(tmp_path, on_corrupt_shard="fail")
+  with pytest.raises(shard_audit.CorruptShardError, match=path):
+    run_lib.run(cfg, model_fn=tiny_resnet)
