@@ -67,6 +67,8 @@ class TrainConfig:
   lr_schedule: str = "step"
   warmup_epochs: float = 5.0
   lr_decay_power: float = 2.0
+  end_learning_rate: float = 1e-4
+  learning_rate_scaling: str = "linear"
   momentum: float = 0.9
   nesterov: bool = False
   lars_eta: float = 0.001
@@ -89,6 +91,10 @@ class TrainConfig:
   prefetch: bool = True
   deterministic_input: bool = False
   input_dtype: str = "uint8"
+  eval_crop_fraction: float = 0.875
+  train_crop_min_area: float = 0.08
+  train_crop_max_aspect: float = 4.0 / 3.0
+  train_resize_method: str = "bilinear"
   # Host.
   keep_host_memory: bool = True
   # Export.
