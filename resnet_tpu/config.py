@@ -26,6 +26,8 @@ SCHEDULES = ("polynomial", "cosine", "step", "slow_start", "constant")
 INPUT_DTYPES = ("uint8", "compute")
 CPU_ONEDNN = ("auto", "on", "off")
 ON_CORRUPT_SHARD = ("skip", "fail")
+RESIZE_METHODS = ("bilinear", "bicubic")
+LR_SCALINGS = ("linear", "none")
 # The network downsamples by 32; below this the last stage sees < 1 pixel.
 MIN_IMAGE_SIZE = 32
 
@@ -84,6 +86,8 @@ class TrainConfig:
   lr_schedule: str = "step"
   warmup_epochs: float = 5.0
   lr_decay_power: float = 2.0
+  end_learning_rate: float = 1e-4
+  learning_rate_scaling: str = "linear"
   momentum: float = 0.9
   nesterov: bool = False
   lars_eta: float = 0.001
@@ -107,6 +111,10 @@ class TrainConfig:
   deterministic_input: bool = False
   input_dtype: str = "uint8"
   on_corrupt_shard: str = "skip"
+  eval_crop_fraction: float = 0.875
+  train_crop_min_area: float = 0.08
+  train_crop_max_aspect: float = 4.0 / 3.0
+  train_resize_method: str = "bilinear"
   # Host.
   keep_host_memory: bool = True
   collective_timeout_s: float = 0.0
@@ -212,6 +220,10 @@ RANGES: dict[str, Range] = {
     "shuffle_buffer_size": _AT_LEAST_1,
     "private_threadpool_size": _NON_NEGATIVE,
     "collective_timeout_s": _NON_NEGATIVE,
+    "eval_crop_fraction": Range(0, 1, low_open=True),  # (0, 1]
+    "train_crop_min_area": Range(0, 1, low_open=True),
+    "train_crop_max_aspect": Range(1),
+    "end_learning_rate": _NON_NEGATIVE,
 }
 
 # Every enum field of TrainConfig and its choices (flags.py defines them).
@@ -229,6 +241,8 @@ CHOICES: dict[str, tuple] = {
     "input_dtype": INPUT_DTYPES,
     "cpu_onednn": CPU_ONEDNN,
     "on_corrupt_shard": ON_CORRUPT_SHARD,
+    "train_resize_method": RESIZE_METHODS,
+    "learning_rate_scaling": LR_SCALINGS,
 }
 
 

@@ -14,10 +14,12 @@ Signatures (each returns `logits` float32 [N, C], `probabilities` float32
   serving_default  images: float32 [N, S, S, 3], raw RGB pixels in 0..255
   serve_uint8      images: uint8 [N, S, S, 3]
   serve_jpeg       image_bytes: string [N], encoded JPEGs, preprocessed exactly
-                   as the training-time eval (preprocessing.preprocess_for_eval)
+                   as the training-time eval (preprocessing.preprocess_for_eval
+                   with the run's --eval_crop_fraction)
 The loaded object's `serve` function accepts both float32 and uint8 images.
 It also carries `image_size`, `num_classes` and `label_offset` (int variables;
-label_offset is what the run subtracted from TFRecord labels) and, when the
+label_offset is what the run subtracted from TFRecord labels),
+`eval_crop_fraction` (a float variable) and, when the
 data_dir of the run had one, `labels_file`: an asset copied from the
 `synsets.txt` of data/build_tfrecords.py (`<class id>\\t<synset>` per line).
 """
@@ -42,6 +44,16 @@ def labels_file(data_dir: str) -> str:
   """The synsets.txt of `data_dir` when it exists, else ""."""
   path = os.path.join(data_dir, LABELS_FILE) if data_dir else ""
   return path if path and tf.io.gfile.exists(path) else ""
+
+
+def eval_crop_fraction(config: dict) -> float:
+  """The run's --eval_crop_fraction; runs older than the flag get 0.875.
+
+  Those runs evaluated with image_size / (image_size + 32), which is 0.875
+  at 224 px and too tight below (preprocessing.py).
+  """
+  return float(config.get("eval_crop_fraction",
+                          preprocessing.EVAL_CROP_FRACTION))
 
 
 def checkpoint_path(model_dir: str, checkpoint: str = "") -> str:
@@ -90,9 +102,12 @@ class ServingModule(tf.Module):
     super().__init__(name="resnet_serving")
     self.model = model
     self._size = config["image_size"]
+    self._crop_fraction = eval_crop_fraction(config)
     self.image_size = tf.Variable(self._size, trainable=False)
     self.num_classes = tf.Variable(config["num_classes"], trainable=False)
     self.label_offset = tf.Variable(config["label_offset"], trainable=False)
+    self.eval_crop_fraction = tf.Variable(self._crop_fraction,
+                                          trainable=False)
     labels = config.get("labels_file", "")
     if labels and tf.io.gfile.exists(labels):
       self.labels_file = tf.saved_model.Asset(labels)
@@ -115,9 +130,10 @@ class ServingModule(tf.Module):
   @tf.function
   def serve_jpeg(self, image_bytes: tf.Tensor) -> dict:
     """Encoded JPEGs [N] -> the eval preprocessing -> outputs."""
-    size = self._size
+    size, fraction = self._size, self._crop_fraction
     images = tf.map_fn(
-        lambda b: preprocessing.preprocess_for_eval(b, size), image_bytes,
+        lambda b: preprocessing.preprocess_for_eval(b, size, fraction),
+        image_bytes,
         fn_output_signature=tf.TensorSpec([size, size, 3], tf.uint8))
     return self._outputs(tf.cast(images, tf.float32))
 
@@ -142,7 +158,7 @@ def export_saved_model(model_dir: str, export_dir: str,
   module = ServingModule(restore_inference_model(config, path), config)
   tf.saved_model.save(module, export_dir,
                       signatures=module.serving_signatures())
-  logging.info("Exported %s (ResNet-%d, %dpx, %d classes) to %s", path,
-               config["resnet_depth"], config["image_size"],
-               config["num_classes"], export_dir)
+  logging.info("Exported %s (ResNet-%d, %dpx, eval crop %.3f, %d classes) "
+               "to %s", path, config["resnet_depth"], config["image_size"],
+               eval_crop_fraction(config), config["num_classes"], export_dir)
   return path

@@ -79,10 +79,18 @@ HELP = {
                            "'start_epoch:global_batch,...', each batch a "
                            "multiple of --global_batch_size (accumulated).",
     "optimizer": f"One of {OPTIMIZERS}.",
-    "base_learning_rate": "LR per 256 images (linear scaling rule).",
+    "base_learning_rate": "LR per 256 images (linear scaling rule), or the "
+                          "absolute LR with --learning_rate_scaling=none.",
     "lr_schedule": f"Decay after warm-up, in epochs: one of {SCHEDULES}.",
     "warmup_epochs": "Linear LR warm-up from 0, in epochs.",
     "lr_decay_power": "Power of the polynomial decay.",
+    "end_learning_rate": "Absolute LR that --lr_schedule=polynomial decays "
+                         "to (tensorflow/tpu and MLPerf: 1e-4).",
+    "learning_rate_scaling": "linear: the LR is --base_learning_rate x "
+                             "global batch / 256 at every step (Goyal et "
+                             "al.), so it changes with --batch_size_schedule;"
+                             " none: --base_learning_rate is the absolute "
+                             "peak LR at every batch size.",
     "momentum": "Momentum of SGD, LARS and RMSprop warm-up.",
     "nesterov": "Nesterov momentum (momentum and lars).",
     "lars_eta": "LARS trust coefficient.",
@@ -115,6 +123,15 @@ HELP = {
     "on_corrupt_shard": "A truncated or corrupt training file: skip (log "
                         "it, count its lost records, train on) or fail "
                         "(stop naming it).",
+    "eval_crop_fraction": "Side of the eval centre crop over the image's "
+                          "shorter side (0.875: ImageNet's 224 of 256).",
+    "train_crop_min_area": "Smallest Inception crop, as a fraction of the "
+                           "image area (ImageNet: 0.08).",
+    "train_crop_max_aspect": "Inception crop aspect ratios lie in [1/x, x] "
+                             "(ImageNet: 4/3).",
+    "train_resize_method": "Resize kernel of the training crop: bilinear "
+                           "or bicubic (tensorflow/tpu, MLPerf); eval "
+                           "resizes bilinear.",
     "keep_host_memory": "Keep freed host memory mapped (glibc mallopt: 32 MB "
                         "mmap threshold, 512 MB top pad) so CPU training "
                         "steps do not page-fault their buffers in every "

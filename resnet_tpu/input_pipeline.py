@@ -51,7 +51,11 @@ DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
 
 @dataclasses.dataclass(frozen=True)
 class InputConfig:
-  """What the pipeline needs; parallel_*, fused_*, cache_*, prefetch ablate."""
+  """What the pipeline needs; parallel_*, fused_*, cache_*, prefetch ablate.
+
+  `crops` holds the crop and resize choices of train and eval (flags
+  --eval_crop_fraction, --train_crop_*, --train_resize_method).
+  """
   data_dir: str
   image_size: int = 224
   label_offset: int = 1
@@ -66,6 +70,7 @@ class InputConfig:
   deterministic: bool = False
   seed: int | None = None
   num_classes: int = 0  # > 0: every label is checked (data_checks.py)
+  crops: preprocessing.CropOptions = preprocessing.CropOptions()
 
   def __post_init__(self):
     if self.dtype not in DTYPES:
@@ -182,7 +187,7 @@ def _train_map(cfg: InputConfig, pipeline_id: int) -> Callable:
             tf.random.experimental.stateless_fold_in(pipeline_seed, index))
     decodable = data_checks.looks_like_jpeg(image_bytes)
     image = tf.cond(decodable, lambda: preprocessing.preprocess_for_train(
-        image_bytes, cfg.image_size, cfg.fused_decode_crop, seed),
+        image_bytes, cfg.image_size, cfg.fused_decode_crop, seed, cfg.crops),
                     lambda: _blank(cfg.image_size))
     return tf.cast(image, dtype), label, decodable
 
@@ -262,7 +267,8 @@ def eval_dataset_fn(cfg: InputConfig, global_batch_size: int,
     image_bytes, label = _parse(record, cfg.label_offset)
     decodable = data_checks.looks_like_jpeg(image_bytes)
     image = tf.cond(decodable, lambda: preprocessing.preprocess_for_eval(
-        image_bytes, cfg.image_size), lambda: _blank(cfg.image_size))
+        image_bytes, cfg.image_size, cfg.crops.eval_crop_fraction),
+                    lambda: _blank(cfg.image_size))
     return tf.cast(image, dtype), label, decodable
 
   def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:

@@ -4,7 +4,16 @@ Differences from the original ResNet v1 that matter for large-batch training:
 - the stride-2 downsampling sits on the 3x3 conv of the bottleneck (v1.5);
 - the last BN of each residual block starts with gamma = 0, so every block
   begins as the identity (Goyal et al. §5.1);
-- He-normal conv initialisation, no conv biases (BN follows every conv).
+- no conv biases (BN follows every conv).
+
+As tensorflow/tpu's models/official/resnet/resnet_model.py (commit
+61dbdbc1714d9d0e7f96f2db93b365e9198728dd): convs start from
+tf.variance_scaling_initializer() (scale 1, fan_in, truncated normal: weight
+variance 1/fan_in, half Keras's he_normal), the stem max-pool pads SAME (0
+before, 1 after on even sizes) and the logits start from N(0, 0.01). BN
+after each conv makes the forward pass blind to the conv's scale, but not the
+update: a kernel of twice the variance takes half the effective step, so the
+LRs taken from tensorflow/tpu mean the same here only with its init.
 
 Every BatchNormalization is a DistributedBatchNormalization (§3.1). Input
 normalisation happens inside the model, so the input pipeline and the
@@ -42,6 +51,22 @@ LAYERS = {
 }
 
 
+def conv_initializer() -> keras.initializers.Initializer:
+  """tensorflow/tpu's tf.variance_scaling_initializer(): variance 1/fan_in."""
+  return keras.initializers.VarianceScaling(
+      scale=1.0, mode="fan_in", distribution="truncated_normal")
+
+
+def stem_max_pool(x):
+  """3x3/2 max-pool with SAME padding, as tensorflow/tpu's stem.
+
+  On an even input SAME pads 0 rows before and 1 after, so output i covers
+  inputs 2i..2i+2 (a symmetric 1/1 pad would cover 2i-1..2i+1).
+  """
+  return keras.layers.MaxPooling2D(3, strides=2, padding="same",
+                                   name="stem_pool")(x)
+
+
 def _conv(x, filters: int, kernel: int, strides: int, name: str,
           float32_kernels: bool):
   if strides > 1 and kernel > 1:
@@ -52,7 +77,7 @@ def _conv(x, filters: int, kernel: int, strides: int, name: str,
   return Conv2D(
       filters, kernel, strides=strides,
       padding="valid" if strides > 1 and kernel > 1 else "same",
-      use_bias=False, kernel_initializer="he_normal",
+      use_bias=False, kernel_initializer=conv_initializer(),
       float32_kernels=float32_kernels, name=name)(x)
 
 
@@ -160,8 +185,7 @@ def build_resnet(depth: int = 50, num_classes: int = 1000,
   x = _conv(x, 64, 7, 2, "stem_conv", float32_kernels)
   x = keras.layers.ReLU(name="stem_relu")(
       _bn(x, bn_group_size, "stem_bn", **bn_args))
-  x = keras.layers.ZeroPadding2D(1, name="stem_pool_pad")(x)
-  x = keras.layers.MaxPooling2D(3, strides=2, name="stem_pool")(x)
+  x = stem_max_pool(x)
   for stage, (filters, n) in enumerate(zip((64, 128, 256, 512), blocks)):
     x = stack(x, block, filters, n, 1 if stage == 0 else 2, bn_group_size,
               f"stage{stage + 1}", bn_args)

@@ -115,7 +115,9 @@ def build_optimizer_from_config(cfg: TrainConfig
       cfg.base_learning_rate, images_per_epoch=cfg.num_train_images,
       batch_size_schedule=clock.batch_size_schedule,
       train_epochs=cfg.total_train_epochs, warmup_epochs=cfg.warmup_epochs,
-      decay=cfg.lr_schedule, decay_power=cfg.lr_decay_power)
+      decay=cfg.lr_schedule, decay_power=cfg.lr_decay_power,
+      scaling=cfg.learning_rate_scaling,
+      end_learning_rate=cfg.end_learning_rate)
   return build_optimizer(
       cfg.optimizer, learning_rate, momentum=cfg.momentum,
       nesterov=cfg.nesterov, weight_decay=cfg.weight_decay,

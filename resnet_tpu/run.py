@@ -16,6 +16,7 @@ from resnet_tpu import input_pipeline
 from resnet_tpu import preflight
 from resnet_tpu import process_setup
 from resnet_tpu import shard_audit
+from resnet_tpu import preprocessing
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.strategy import configure_cpu_replicas
 from resnet_tpu.strategy import create_strategy
@@ -36,7 +37,12 @@ def input_config(cfg: TrainConfig) -> input_pipeline.InputConfig:
       parallel_interleave=cfg.parallel_interleave,
       parallel_map=cfg.parallel_map, fused_decode_crop=cfg.fused_decode_crop,
       prefetch=cfg.prefetch, deterministic=cfg.deterministic_input,
-      seed=cfg.seed, num_classes=cfg.num_classes)
+      seed=cfg.seed, num_classes=cfg.num_classes,
+      crops=preprocessing.CropOptions(
+          eval_crop_fraction=cfg.eval_crop_fraction,
+          train_crop_min_area=cfg.train_crop_min_area,
+          train_crop_max_aspect=cfg.train_crop_max_aspect,
+          train_resize_method=cfg.train_resize_method))
 
 
 def num_eval_examples(cfg: TrainConfig) -> int:

@@ -11,7 +11,11 @@ Every schedule here is a function of the epoch, not of the step: the epoch is
 images seen / images per epoch, where images seen follows from the global step
 and a batch-size schedule of (start_epoch, global_batch) phases. The LR at a
 step is scaled linearly with the global batch of that step, so a schedule
-keeps its shape in epochs when the batch changes.
+keeps its shape in epochs when the batch changes; with scaling "none" the
+base LR is the absolute peak at every batch, so a batch-size switch leaves
+the LR where it is and the larger batch alone lowers the gradient noise
+(Smith et al. 2018, "Don't Decay the Learning Rate, Increase the Batch
+Size", arXiv 1711.00489).
 """
 import dataclasses
 import math
@@ -20,18 +24,25 @@ from typing import Sequence
 import keras
 from keras import ops
 
+from resnet_tpu.config import LR_SCALINGS
 from resnet_tpu.config import SCHEDULES
 
 BatchSizeSchedule = tuple[tuple[int, int], ...]
 
+# tensorflow/tpu lars_util.py decays with tf.train.polynomial_decay, whose
+# end_learning_rate defaults to 1e-4; MLPerf v0.6 logs it as
+# lars_opt_end_learning_rate (mlcommons/training_results_v0.6 Google
+# tpu-v3-1024-resnet/resnet/lars_util.py).
+POLY_END_LEARNING_RATE = 1e-4
 
 # Goyal et al. 2017: x0.1 at epochs 30, 60 and 80.
 STEP_BOUNDARIES = (30.0, 60.0, 80.0)
 STEP_MULTIPLIERS = (1.0, 0.1, 0.01, 0.001)
 # Slow start after Akiba et al. 2017: half the scaled LR for the first 40
-# epochs, then 0.075x, 0.01x and 0.001x. The paper summary we have does not
-# state the numbers; these are those of a public ChainerMN re-implementation
-# of the paper's recipe, and the warm-up in front of them is Goyal-like.
+# epochs, then 0.075x, 0.01x and 0.001x. The paper's abstract (arXiv
+# 1711.04325) does not state the numbers; these are those of a public
+# ChainerMN re-implementation of the paper's recipe, and the warm-up in front
+# of them is Goyal-like.
 SLOW_START_BOUNDARIES = (40.0, 70.0, 85.0)
 SLOW_START_MULTIPLIERS = (0.5, 0.075, 0.01, 0.001)
 
@@ -157,10 +168,17 @@ def _decay_in_epochs(decay: str, warmup_epochs: float, train_epochs: float,
   return None
 
 
-def _validate(decay: str, warmup_epochs: float, train_epochs: float) -> None:
+def _validate(decay: str, warmup_epochs: float, train_epochs: float,
+              scaling: str, end_learning_rate: float) -> None:
   if decay not in SCHEDULES:
     raise ValueError(
         f"--lr_schedule must be one of {SCHEDULES}, got {decay!r}")
+  if scaling not in LR_SCALINGS:
+    raise ValueError(f"--learning_rate_scaling must be one of {LR_SCALINGS}, "
+                     f"got {scaling!r}")
+  if end_learning_rate < 0:
+    raise ValueError(
+        f"--end_learning_rate must be >= 0, got {end_learning_rate}")
   if warmup_epochs < 0:
     raise ValueError(f"--warmup_epochs must be >= 0, got {warmup_epochs}")
   if decay in ("polynomial", "cosine") and train_epochs <= warmup_epochs:
@@ -178,14 +196,17 @@ def _validate(decay: str, warmup_epochs: float, train_epochs: float) -> None:
 class EpochSchedule(keras.optimizers.schedules.LearningRateSchedule):
   """Linearly scaled LR with warm-up and decay, all measured in epochs.
 
-  LR(step) = base_learning_rate * B(step) / reference_batch_size
-             * min(1, epoch / warmup_epochs) * decay(epoch)
+  LR(step) = peak(step) * min(1, epoch / warmup_epochs) * decay(epoch)
 
-  with B(step) the global batch of the step (linear scaling, Goyal et al.
-  2017 §2.1; Ying et al. 2018 §3). The warm-up ramps linearly from 0, as in
-  tensorflow/tpu. decay is one of:
-    polynomial: (1 - (epoch - w) / (T - w)) ** decay_power after warm-up
-      (power 2 in tensorflow/tpu's LARS runs), reaching 0 at train_epochs T;
+  with peak(step) = base_learning_rate * B(step) / reference_batch_size and
+  B(step) the global batch of the step (scaling "linear": Goyal et al. 2017
+  §2.1; Ying et al. 2018 §3), or peak = base_learning_rate at every batch
+  (scaling "none": an absolute LR, as tensorflow/tpu's LARS peaks are). The
+  warm-up ramps linearly from 0, as in tensorflow/tpu. decay is one of:
+    polynomial: after warm-up, LR = (peak - end) * (1 - (epoch - w) /
+      (T - w)) ** decay_power + end, reaching the absolute end_learning_rate
+      at train_epochs T, as tf.train.polynomial_decay in tensorflow/tpu's
+      lars_util.py (power 2, end 1e-4);
     cosine: 0.5 * (1 + cos(pi * (epoch - w) / (T - w))) after warm-up;
     step: 1, 0.1, 0.01, 0.001 after epochs 30, 60, 80 (Goyal et al. 2017);
     slow_start: 0.5, 0.075, 0.01, 0.001 after epochs 40, 70, 85 (Akiba et
@@ -197,9 +218,11 @@ class EpochSchedule(keras.optimizers.schedules.LearningRateSchedule):
   def __init__(self, base_learning_rate: float, *, images_per_epoch: int,
                batch_size_schedule: Sequence[Sequence[int]],
                train_epochs: float, warmup_epochs: float, decay: str,
-               decay_power: float = 2.0, reference_batch_size: int = 256):
+               decay_power: float = 2.0, reference_batch_size: int = 256,
+               scaling: str = "linear",
+               end_learning_rate: float = POLY_END_LEARNING_RATE):
     super().__init__()
-    _validate(decay, warmup_epochs, train_epochs)
+    _validate(decay, warmup_epochs, train_epochs, scaling, end_learning_rate)
     self.base_learning_rate = float(base_learning_rate)
     self.clock = EpochClock(
         images_per_epoch, tuple(tuple(p) for p in batch_size_schedule))
@@ -208,6 +231,8 @@ class EpochSchedule(keras.optimizers.schedules.LearningRateSchedule):
     self.decay = decay
     self.decay_power = float(decay_power)
     self.reference_batch_size = int(reference_batch_size)
+    self.scaling = scaling
+    self.end_learning_rate = float(end_learning_rate)
     self._decay_fn = _decay_in_epochs(decay, self.warmup_epochs,
                                       self.train_epochs, self.decay_power)
 
@@ -223,11 +248,21 @@ class EpochSchedule(keras.optimizers.schedules.LearningRateSchedule):
       return self._decay_fn(ops.maximum(epoch - self.warmup_epochs, 0.0))
     return self._decay_fn(epoch)
 
+  def peak(self, step):
+    """The LR after warm-up and before decay at `step`."""
+    if self.scaling == "none":
+      return ops.convert_to_tensor(self.base_learning_rate, "float32")
+    return (self.base_learning_rate / self.reference_batch_size *
+            self.clock.global_batch(step))
+
   def __call__(self, step):
     epoch = self.clock.epoch(step)
-    scaled = (self.base_learning_rate / self.reference_batch_size *
-              self.clock.global_batch(step))
-    return scaled * self._warmup(epoch) * self._decay(epoch)
+    decay = self._decay(epoch)
+    lr = self.peak(step) * self._warmup(epoch) * decay
+    if self.decay == "polynomial":
+      # decay is 1 during warm-up, so the end shows only after it.
+      lr += self.end_learning_rate * (1.0 - decay)
+    return lr
 
   def get_config(self) -> dict:
     return {
@@ -240,4 +275,6 @@ class EpochSchedule(keras.optimizers.schedules.LearningRateSchedule):
         "decay": self.decay,
         "decay_power": self.decay_power,
         "reference_batch_size": self.reference_batch_size,
+        "scaling": self.scaling,
+        "end_learning_rate": self.end_learning_rate,
     }

@@ -26,8 +26,8 @@ from resnet_tpu.host_loops import HostLoops
 from resnet_tpu.host_loops import LoopResult
 from resnet_tpu.metrics_log import MetricsLog
 from resnet_tpu.model import build_model
-from resnet_tpu.shard_audit import LostRecords
 from resnet_tpu.optimizers import build_optimizer_from_config
+from resnet_tpu.shard_audit import LostRecords
 from resnet_tpu.train_step import make_accumulators
 from resnet_tpu.train_step import ReplicaStep
 

@@ -45,7 +45,7 @@ def trained(tmp_path_factory):
       num_classes=CLASSES, image_size=32, strategy="cpu", num_cpu_replicas=2,
       bn_group_size=2, global_batch_size=8, eval_batch_size=EVAL_BATCH,
       train_steps=4, steps_per_loop=4, num_train_images=16, warmup_epochs=0,
-      export_dir=str(root / "export"))
+      eval_crop_fraction=0.6, export_dir=str(root / "export"))
   run(cfg)
   return cfg
 

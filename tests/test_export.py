@@ -13,6 +13,7 @@ from data.build_tfrecords import build
 from data.make_synthetic import make_synthetic
 from resnet_tpu import export
 from resnet_tpu import input_pipeline
+from resnet_tpu import preprocessing
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.model import build_resnet
 from resnet_tpu import config as config_lib
@@ -24,6 +25,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZE = 32
 CLASSES = 7
 TOLERANCE = dict(rtol=1e-4, atol=1e-4)
+# Not the default 0.875: serve_jpeg must take the run's own crop.
+CROP_FRACTION = 0.6
 
 # Runs in a fresh interpreter: only TensorFlow, never resnet_tpu.
 LOADER = """
@@ -57,6 +60,7 @@ print(json.dumps({
     "signatures": sorted(loaded.signatures),
     "image_size": int(loaded.image_size.numpy()),
     "label_offset": int(loaded.label_offset.numpy()),
+    "eval_crop_fraction": float(loaded.eval_crop_fraction.numpy()),
     "labels_file": loaded.labels_file.asset_path.numpy().decode()}))
 """
 
@@ -102,7 +106,8 @@ def run_dir(tmp_path_factory):
   cfg = TrainConfig(model_dir=str(root / "model"), data_dir=str(root / "data"),
                     resnet_depth=18, num_classes=CLASSES, image_size=SIZE,
                     precision="bfloat16", bn_group_size=2, train_steps=1,
-                    num_train_images=CLASSES)
+                    num_train_images=CLASSES,
+                    eval_crop_fraction=CROP_FRACTION)
   model, optimizer = build_model(cfg), build_optimizer_from_config(cfg)
   optimizer.build(model.trainable_variables)
   randomize(model)
@@ -163,20 +168,30 @@ def test_serve_accepts_uint8_and_float32_images(served):
                                 outputs["serve_uint8/logits"])
 
 
-def test_serve_jpeg_equals_eval_pipeline_then_keras_model(served, run_dir):
-  _, inputs, outputs, reference = served
-  _, cfg, _ = run_dir
-  num = len(inputs["jpegs"])
+def eval_images(cfg: TrainConfig, num: int, crop_fraction: float):
+  crops = preprocessing.CropOptions(eval_crop_fraction=crop_fraction)
   dataset = input_pipeline.eval_dataset_fn(
-      input_pipeline.InputConfig(cfg.data_dir, image_size=SIZE), num, num)(
-          tf.distribute.InputContext())
+      input_pipeline.InputConfig(cfg.data_dir, image_size=SIZE, crops=crops),
+      num, num)(tf.distribute.InputContext())
   images, _, mask = next(iter(dataset))
   assert mask.numpy().all()
-  want = expected(reference, images)
+  return images
+
+
+def test_serve_jpeg_equals_eval_pipeline_then_keras_model(served, run_dir):
+  info, inputs, outputs, reference = served
+  _, cfg, _ = run_dir
+  num = len(inputs["jpegs"])
+  assert info["eval_crop_fraction"] == pytest.approx(CROP_FRACTION)
+  want = expected(reference, eval_images(cfg, num, CROP_FRACTION))
   np.testing.assert_allclose(outputs["serve_jpeg/logits"], want["logits"],
                              **TOLERANCE)
   np.testing.assert_array_equal(outputs["serve_jpeg/top5_classes"],
                                 want["top5_classes"])
+  default_crop = expected(reference, eval_images(
+      cfg, num, preprocessing.EVAL_CROP_FRACTION))
+  assert not np.allclose(outputs["serve_jpeg/logits"],
+                         default_crop["logits"], **TOLERANCE)
 
 
 def test_export_loads_without_resnet_tpu_and_has_no_collective_op(served):

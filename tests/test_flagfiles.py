@@ -8,7 +8,9 @@ schedule, precision, label smoothing, BN statistics and batch-size control,
 and trained for 2 steps; files that shrink to the same toy config (the
 machine recipes differ only in what shrinking replaces) share one run. A
 typo in a flag or an inconsistent recipe fails here, not on a pod. New files
-in flags/ are picked up by the glob.
+in flags/ are picked up by the glob. Each published recipe's LR at chosen
+steps (warm-up, decay boundaries, a batch-size switch, the last step) equals
+the closed form of the source its header cites.
 """
 import dataclasses
 import glob
@@ -26,6 +28,7 @@ from resnet_tpu.config import TrainConfig
 from resnet_tpu.metrics_log import read_metrics
 from resnet_tpu.run import run
 from resnet_tpu import compat
+from resnet_tpu.optimizers import build_optimizer_from_config
 
 FLAGS_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "flags")
 FLAGFILES = sorted(glob.glob(os.path.join(FLAGS_DIR, "*.cfg")))
@@ -151,3 +154,100 @@ def test_bad_enum_value_in_a_flagfile_fails_parsing(tmp_path):
   path.write_text("# A recipe with an unknown optimizer.\n--optimizer=lamb\n")
   with pytest.raises(flags.IllegalFlagValueError, match="lamb"):
     parse_flagfile(str(path))
+
+
+# --- Each recipe's LR at chosen steps against the closed form of its source.
+IMAGENET = 1281167
+
+
+def epoch_at(step: int, phases: tuple[tuple[int, int], ...]) -> float:
+  """Epoch after `step` steps of (start_epoch, batch) phases, in closed form."""
+  epoch, start_step = 0.0, 0
+  for (start, batch), (end, _) in zip(phases, phases[1:] + ((None, 0),)):
+    steps = (math.inf if end is None else
+             math.ceil((end - start) * IMAGENET / batch))
+    if step < start_step + steps:
+      return start + (step - start_step) * batch / IMAGENET
+    start_step += steps
+  raise AssertionError("unreachable")
+
+
+def lars_poly(peak: float, warmup: float, epochs: float, epoch: float,
+              end: float = 1e-4) -> float:
+  """tensorflow/tpu lars_util.py poly_rate_schedule, in epochs."""
+  if epoch < warmup:
+    return peak * epoch / warmup
+  return (peak - end) * (1 - (epoch - warmup) / (epochs - warmup))**2 + end
+
+
+def goyal_step(peak: float, epoch: float, warmup: float = 5.0) -> float:
+  """Goyal et al.: warm-up, then x0.1 after epochs 30, 60 and 80."""
+  if epoch < warmup:
+    return peak * epoch / warmup
+  return peak * 0.1**sum(epoch > b for b in (30, 60, 80))
+
+
+def akiba_slow_start(peak: float, epoch: float) -> float:
+  """5-epoch warm-up, then x0.5, x0.075, x0.01, x0.001 (schedules.py)."""
+  factor = (0.5, 0.075, 0.01, 0.001)[sum(epoch > b for b in (40, 70, 85))]
+  return peak * min(1.0, epoch / 5) * factor
+
+
+def around(epoch: float, batch: int) -> tuple[int, int]:
+  """The last step before `epoch` at `batch` and the first one after it."""
+  step = math.ceil(epoch * IMAGENET / batch)
+  return step - 1, step
+
+
+YING = ((0, 32768),)
+MIKAMI = ((0, 34816), (30, 69632))
+# Steps: 0, inside the warm-up, either side of its end, of each decay
+# boundary and of a batch-size switch, mid-decay, and the last step.
+LR_CASES = [
+    # Ying et al.: peak 34.0 after 12 warm-up epochs at batch 32768
+    # (tensorflow/tpu lars_util.py at f4fa4d7), polynomial to 1e-4.
+    ("ying2018_v3-1024.cfg", s, lars_poly(34.0, 12, 90, epoch_at(s, YING)))
+    for s in (0, 100, *around(12, 32768), 1500, 3518)
+] + [
+    # Mikami et al. v1: absolute peak 41.0 after 16 warm-up epochs (lars_util
+    # at b13e6b6), held across the switch to 69632 at epoch 30.
+    ("mikami2018_abci_2176gpu.cfg", s,
+     lars_poly(41.0, 16, 90, epoch_at(s, MIKAMI)))
+    for s in (0, 300, *around(16, 34816), *around(30, 34816), 1655, 2207)
+] + [
+    # Akiba et al.: 0.1 per 256 images, slow start (schedules.py).
+    ("akiba2017_32k.cfg", s,
+     akiba_slow_start(0.1 * 32768 / 256, epoch_at(s, YING)))
+    for s in (0, 100, *around(5, 32768), *around(40, 32768),
+              *around(70, 32768), *around(85, 32768), 3518)
+] + [
+    (name, s, goyal_step(0.1 * batch / 256, epoch_at(s, ((0, batch),))))
+    for name, batch in (("goyal2017_8k.cfg", 8192), ("v3-8.cfg", 1024),
+                        ("v4-8.cfg", 1024), ("gpu_8x.cfg", 1024),
+                        ("v3-32.cfg", 4096))
+    for s in (0, 100, *around(5, batch), *around(30, batch),
+              *around(80, batch), math.ceil(90 * IMAGENET / batch) - 1)
+]
+
+
+@pytest.mark.parametrize("name,step,expected", LR_CASES,
+                         ids=lambda v: str(v) if isinstance(v, int) else None)
+def test_flagfile_lr_at_chosen_steps_matches_its_source(name, step, expected):
+  cfg = parse_flagfile(os.path.join(FLAGS_DIR, name))
+  optimizer = build_optimizer_from_config(cfg)
+  optimizer.iterations.assign(step)
+  assert float(optimizer.learning_rate) == pytest.approx(
+      expected, rel=1e-5, abs=1e-8)  # float32 rounding near the decay's end
+
+
+def test_mikami_lr_does_not_jump_at_the_batch_size_switch():
+  cfg = parse_flagfile(os.path.join(FLAGS_DIR, "mikami2018_abci_2176gpu.cfg"))
+  switch = cfg.clock.phase_start_steps()[1]
+  batches = [cfg.clock.global_batch_at_step(s) for s in (switch - 1, switch)]
+  assert batches == [34816, 69632]
+  optimizer = build_optimizer_from_config(cfg)
+  lrs = []
+  for step in (switch - 1, switch):
+    optimizer.iterations.assign(step)
+    lrs.append(float(optimizer.learning_rate))
+  assert lrs[1] == pytest.approx(lrs[0], rel=0.01)

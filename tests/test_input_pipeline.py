@@ -12,6 +12,9 @@ import pytest
 import tensorflow as tf
 
 from resnet_tpu import input_pipeline as ip
+from resnet_tpu import preprocessing
+from resnet_tpu.config import TrainConfig
+from resnet_tpu.run import input_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZE = 8
@@ -281,3 +284,12 @@ def test_bench_input_times_the_jpegs_of_a_folder(tmp_path):
       cwd=REPO, capture_output=True, text=True, timeout=120)
   assert result.returncode != 0
   assert f"--jpeg_dir={empty} holds no .jpg or .jpeg files" in result.stderr
+
+
+def test_run_hands_the_crop_and_resize_flags_to_the_pipeline():
+  cfg = TrainConfig(model_dir="/tmp/unused", eval_crop_fraction=0.6,
+                    train_crop_min_area=0.3, train_crop_max_aspect=1.2,
+                    train_resize_method="bicubic")
+  assert input_config(cfg).crops == preprocessing.CropOptions(
+      eval_crop_fraction=0.6, train_crop_min_area=0.3,
+      train_crop_max_aspect=1.2, train_resize_method="bicubic")

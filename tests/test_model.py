@@ -5,6 +5,7 @@ import pytest
 
 from resnet_tpu.distributed_batch_norm import DistributedBatchNormalization
 from resnet_tpu.model import build_resnet
+from resnet_tpu.model import stem_max_pool
 
 KERAS_RESNET50_PARAMS = 25_636_712  # keras.applications.ResNet50, 1000 classes
 KERAS_CONV_BIASES = 26_560  # its conv biases; ours has none (BN follows)
@@ -79,3 +80,32 @@ def test_v1_layout_downsamples_in_the_first_1x1_conv_as_keras_does():
                        ("stage2_block1_conv2", "conv3_block1_2_conv")):
     assert (model.get_layer(ours).output.shape ==
             keras_model.get_layer(theirs).output.shape)
+
+
+def test_conv_kernels_start_with_variance_1_over_fan_in_as_tensorflow_tpu():
+  # tf.variance_scaling_initializer(): scale 1, fan_in, truncated normal;
+  # Keras's he_normal would give 2 / fan_in.
+  model = build_resnet(50, 10, 32)
+  for name in ("stage4_block1_conv2", "stage3_block2_conv1", "stem_conv"):
+    kernel = model.get_layer(name).kernel.numpy()
+    fan_in = np.prod(kernel.shape[:-1])
+    assert kernel.var() * fan_in == pytest.approx(1.0, rel=0.05), name
+    # Truncated at 2 standard deviations of the underlying normal.
+    assert np.abs(kernel).max() <= 2 / 0.8796 / np.sqrt(fan_in) * 1.001
+
+
+def test_stem_max_pool_output_i_covers_inputs_2i_to_2i_plus_2():
+  # One-hot inputs show the window of each output: SAME pads 0 before and 1
+  # after an even side (tensorflow/tpu), so output 0 covers inputs 0..2.
+  size = 8
+  inputs = keras.Input((size, size, 1))
+  pool = keras.Model(inputs, stem_max_pool(inputs))
+  covered = np.zeros((size // 2, size), bool)
+  for i in range(size):
+    one_hot = np.zeros((1, size, size, 1), np.float32)
+    one_hot[0, i, i] = 1.0
+    pooled = np.asarray(pool(one_hot))[0, :, :, 0]
+    assert (pooled > 0).sum(0).tolist() == (pooled > 0).sum(1).tolist()
+    covered[:, i] = pooled.max(1) > 0
+  windows = [list(np.flatnonzero(row)) for row in covered]
+  assert windows == [[0, 1, 2], [2, 3, 4], [4, 5, 6], [6, 7]]

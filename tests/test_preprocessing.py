@@ -51,10 +51,10 @@ def test_seeded_train_preprocessing_is_the_same_with_fused_or_full_decode():
 
 def test_crop_windows_lie_inside_the_image_with_inception_area_and_aspect():
   shape = tf.constant([HEIGHT, WIDTH, 3])
-  center = preprocessing.center_crop_window(shape, 32).numpy().tolist()
+  center = preprocessing.center_crop_window(shape).numpy().tolist()
   areas = []
   for i in range(200):
-    window = preprocessing.sample_crop_window(shape, 32, seed(i))
+    window = preprocessing.sample_crop_window(shape, seed(i))
     y, x, h, w = window.numpy().tolist()
     assert 0 <= y and 0 <= x and y + h <= HEIGHT and x + w <= WIDTH
     if [y, x, h, w] != center:
@@ -67,24 +67,41 @@ def test_crop_windows_lie_inside_the_image_with_inception_area_and_aspect():
 def test_crop_falls_back_to_the_center_crop_when_no_box_fits():
   # Boxes of aspect 3/4..4/3 in a 10x1000 strip cover < 0.02% of it.
   shape = tf.constant([10, 1000, 3])
-  expected = preprocessing.center_crop_window(shape, 32).numpy().tolist()
+  expected = preprocessing.center_crop_window(shape).numpy().tolist()
   for i in range(5):
-    window = preprocessing.sample_crop_window(shape, 32, seed(i))
+    window = preprocessing.sample_crop_window(shape, seed(i))
     assert window.numpy().tolist() == expected
 
 
-def test_center_crop_is_centred_and_size_over_size_plus_32_of_short_side():
-  window = preprocessing.center_crop_window(tf.constant([HEIGHT, WIDTH, 3]),
-                                            224)
-  y, x, h, w = window.numpy().tolist()
-  assert h == w == int(224 / 256 * HEIGHT)
-  assert (y, x) == ((HEIGHT - h + 1) // 2, (WIDTH - w + 1) // 2)
+def test_center_crop_is_centred_and_the_fraction_of_the_short_side():
+  for fraction in (0.875, 0.5, 1.0):
+    window = preprocessing.center_crop_window(
+        tf.constant([HEIGHT, WIDTH, 3]), fraction)
+    y, x, h, w = window.numpy().tolist()
+    assert h == w == int(fraction * HEIGHT)
+    assert (y, x) == ((HEIGHT - h + 1) // 2, (WIDTH - w + 1) // 2)
+
+
+# A square JPEG of side S at --image_size=S: the eval crop keeps 0.875 of
+# the side at every size. tensorflow/tpu's S / (S + 32) gave [8, 8, 16, 16]
+# at 32 px (half the side) and [11, 11, 42, 42] at 64 px.
+@pytest.mark.parametrize("size,window", [(32, [2, 2, 28, 28]),
+                                         (64, [4, 4, 56, 56]),
+                                         (224, [14, 14, 196, 196])])
+def test_eval_crop_keeps_0_875_of_the_side_at_32_64_and_224_px(size, window):
+  jpeg = textured_jpeg(size, size)
+  shape = tf.image.extract_jpeg_shape(jpeg)
+  assert preprocessing.center_crop_window(shape).numpy().tolist() == window
+  image = preprocessing.preprocess_for_eval(jpeg, size).numpy()
+  crop = preprocessing.decode_and_crop(jpeg, tf.constant(window), fused=True)
+  np.testing.assert_array_equal(image,
+                                preprocessing.resize(crop, size).numpy())
 
 
 def test_eval_preprocessing_is_the_resized_center_crop_of_the_decoded_image():
   jpeg = textured_jpeg()
   image = preprocessing.preprocess_for_eval(jpeg, 32).numpy()
-  crop = int(32 / 64 * HEIGHT)
+  crop = int(0.875 * HEIGHT)
   y, x = (HEIGHT - crop + 1) // 2, (WIDTH - crop + 1) // 2
   decoded = tf.io.decode_jpeg(jpeg, channels=3)[y:y + crop, x:x + crop]
   expected = tf.image.resize(decoded, [32, 32]).numpy()
@@ -145,3 +162,56 @@ def test_random_flip_is_an_exact_mirror_or_the_identity():
     assert mirrored or np.array_equal(out, image.numpy())
     outcomes.add(mirrored)
   assert outcomes == {True, False}
+
+
+def test_crop_options_bound_the_area_and_aspect_of_the_random_boxes():
+  shape = tf.constant([HEIGHT, WIDTH, 3])
+  options = preprocessing.CropOptions(train_crop_min_area=0.5,
+                                      train_crop_max_aspect=1.1)
+  center = preprocessing.center_crop_window(shape).numpy().tolist()
+  areas = []
+  for i in range(200):
+    y, x, h, w = preprocessing.sample_crop_window(
+        shape, seed(i), options).numpy().tolist()
+    if [y, x, h, w] != center:
+      areas.append(h * w / (HEIGHT * WIDTH))
+      assert 1 / 1.1 - 0.03 <= w / h <= 1.1 + 0.03
+  assert len(areas) > 150 and 0.5 - 0.02 <= min(areas) < 0.6
+
+
+def test_bicubic_resize_is_tf_bicubic_clipped_and_rounded():
+  checkers = np.kron(np.indices((6, 6)).sum(0) % 2, np.ones((4, 4)))
+  crop = np.repeat(checkers[..., None] * 255, 3, -1).astype(np.uint8)
+  resized = preprocessing.resize(tf.constant(crop), 17, "bicubic").numpy()
+  raw = tf.image.resize(crop.astype(np.float32), [17, 17], "bicubic").numpy()
+  assert raw.min() < 0 and raw.max() > 255  # bicubic overshoots...
+  np.testing.assert_array_equal(  # ...and is clipped, never wrapped.
+      resized, np.floor(np.clip(raw, 0, 255) + 0.5).astype(np.uint8))
+  bilinear = preprocessing.resize(tf.constant(crop), 17).numpy()
+  assert np.abs(resized.astype(int) - bilinear).max() > 10
+
+
+def test_train_preprocessing_resizes_with_the_chosen_kernel():
+  jpeg, s = textured_jpeg(), seed(3)
+  crop_seed, flip_seed = tf.unstack(tf.random.split(s, 2))
+  window = preprocessing.sample_crop_window(
+      tf.image.extract_jpeg_shape(jpeg), crop_seed)
+  crop = preprocessing.decode_and_crop(jpeg, window, fused=True)
+  for method in preprocessing.RESIZE_METHODS:
+    options = preprocessing.CropOptions(train_resize_method=method)
+    image = preprocessing.preprocess_for_train(jpeg, 24, True, s, options)
+    expected = preprocessing.random_flip(
+        preprocessing.resize(crop, 24, method), flip_seed)
+    np.testing.assert_array_equal(image.numpy(), expected.numpy())
+
+
+@pytest.mark.parametrize("kwargs,flag", [
+    ({"eval_crop_fraction": 0.0}, "--eval_crop_fraction"),
+    ({"eval_crop_fraction": 1.5}, "--eval_crop_fraction"),
+    ({"train_crop_min_area": 0.0}, "--train_crop_min_area"),
+    ({"train_crop_max_aspect": 0.9}, "--train_crop_max_aspect"),
+    ({"train_resize_method": "area"}, "--train_resize_method"),
+])
+def test_bad_crop_options_name_the_flag(kwargs, flag):
+  with pytest.raises(ValueError, match=flag):
+    preprocessing.CropOptions(**kwargs)

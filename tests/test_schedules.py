@@ -25,14 +25,20 @@ def lr_at(sched, step):
 
 
 PEAK = BASE_LR * 100 / 256  # Linear scaling of the base LR to batch 100.
+END = 1e-4  # tensorflow/tpu's polynomial decay ends at 1e-4, not 0.
+
+
+def poly(peak, fraction, power=2.0, end=END):
+  """tf.train.polynomial_decay at `fraction` of the decay steps."""
+  return (peak - end) * (1 - fraction)**power + end
 
 
 @pytest.mark.parametrize("decay,step,expected", [
     ("polynomial", 0, 0.0),
     ("polynomial", 10, PEAK * 0.5),  # Mid warm-up (epoch 1 of 2).
     ("polynomial", 20, PEAK),  # Warm-up end.
-    ("polynomial", 60, PEAK * (1 - 4 / 8)**2),
-    ("polynomial", 99, PEAK * (1 - 7.9 / 8)**2),  # Last step.
+    ("polynomial", 60, poly(PEAK, 4 / 8)),
+    ("polynomial", 99, poly(PEAK, 7.9 / 8)),  # Last step.
     ("cosine", 20, PEAK),
     ("cosine", 60, PEAK * 0.5 * (1 + math.cos(math.pi * 4 / 8))),
     ("cosine", 99, PEAK * 0.5 * (1 + math.cos(math.pi * 7.9 / 8))),
@@ -47,7 +53,20 @@ def test_warmup_and_decay_match_closed_form_over_10_epochs(decay, step,
 
 def test_polynomial_power_is_configurable():
   assert lr_at(schedule("polynomial", decay_power=1.0), 60) == pytest.approx(
-      PEAK * 0.5, rel=1e-4)
+      poly(PEAK, 0.5, power=1.0), rel=1e-4)
+
+
+def test_polynomial_decay_ends_at_end_learning_rate():
+  # Epoch 10 of 10 (step 100, one past the last step) is the end itself.
+  assert lr_at(schedule("polynomial"), 100) == pytest.approx(END, rel=1e-4)
+  assert lr_at(schedule("polynomial", end_learning_rate=0.0), 100) == 0.0
+  assert lr_at(schedule("polynomial", end_learning_rate=0.0),
+               60) == pytest.approx(PEAK * 0.25, rel=1e-4)
+  # The warm-up still starts at 0 and reaches the peak, end or not.
+  assert lr_at(schedule("polynomial"), 0) == 0.0
+  assert lr_at(schedule("polynomial"), 20) == pytest.approx(PEAK, rel=1e-6)
+  # Other decays ignore it.
+  assert lr_at(schedule("cosine"), 100) == pytest.approx(0.0, abs=1e-9)
 
 
 @pytest.mark.parametrize("decay,step,expected", [
@@ -89,13 +108,24 @@ def test_clock_maps_steps_to_epochs_and_batches_across_phases():
 
 @pytest.mark.parametrize("step,expected", [
     (2, BASE_LR * 400 / 256 * 0.8 / 2),  # Epoch 0.8, warming up.
-    (7, BASE_LR * 400 / 256 * (1 - 0.8 / 8)**2),  # Epoch 2.8.
-    (12, BASE_LR * 250 / 256 * (1 - 2 / 8)**2),  # Epoch 4, new batch.
-    (35, BASE_LR * 250 / 256 * (1 - 7.75 / 8)**2),  # Last step, epoch 9.75.
+    (7, poly(BASE_LR * 400 / 256, 0.8 / 8)),  # Epoch 2.8.
+    (12, poly(BASE_LR * 250 / 256, 2 / 8)),  # Epoch 4, new batch.
+    (35, poly(BASE_LR * 250 / 256, 7.75 / 8)),  # Last step, epoch 9.75.
 ])
 def test_batch_size_schedule_scales_lr_with_the_current_batch(step,
                                                               expected):
   sched = schedule("polynomial", batch_size_schedule=GROWING)
+  assert lr_at(sched, step) == pytest.approx(expected, rel=1e-4)
+
+
+@pytest.mark.parametrize("step,expected", [
+    (2, BASE_LR * 0.8 / 2),  # Epoch 0.8 at batch 400, warming up.
+    (7, poly(BASE_LR, 0.8 / 8)),  # Epoch 2.8, the last step at batch 400.
+    (8, poly(BASE_LR, 1 / 8)),  # Epoch 3, batch 250: no jump.
+    (35, poly(BASE_LR, 7.75 / 8)),
+])
+def test_absolute_lr_is_held_across_a_batch_size_switch(step, expected):
+  sched = schedule("polynomial", batch_size_schedule=GROWING, scaling="none")
   assert lr_at(sched, step) == pytest.approx(expected, rel=1e-4)
 
 
@@ -138,6 +168,9 @@ def test_parse_batch_size_schedule_names_the_flag_on_bad_input(text):
     ({"decay": "polynomial", "train_epochs": 2}, "--train_epochs"),
     ({"decay": "cosine", "warmup_epochs": -1}, "--warmup_epochs"),
     ({"decay": "step", "warmup_epochs": 30}, "--warmup_epochs"),
+    ({"decay": "cosine", "scaling": "sqrt"}, "--learning_rate_scaling"),
+    ({"decay": "polynomial", "end_learning_rate": -1.0},
+     "--end_learning_rate"),
 ])
 def test_bad_schedule_arguments_name_the_flag(kwargs, flag):
   with pytest.raises(ValueError, match=flag):

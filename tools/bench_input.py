@@ -236,7 +236,7 @@ def resize_kernels(image_size: int, repetitions: int,
   return bench_common.summarise(bench_common.alternate(timers, repetitions))
 
 
-def decode_alone(jpegs: list[bytes], image_size: int, repetitions: int,
+def decode_alone(jpegs: list[bytes], repetitions: int,
                  windows_per_image: int = DECODE_WINDOWS_PER_IMAGE
                  ) -> dict[str, dict]:
   """Seconds of CPU per image of preprocessing.decode_and_crop alone, full
@@ -254,7 +254,7 @@ def decode_alone(jpegs: list[bytes], image_size: int, repetitions: int,
   images = tf.constant([jpegs[i % len(jpegs)] for i in range(count)])
   windows = tf.stack([
       preprocessing.sample_crop_window(tf.image.extract_jpeg_shape(images[i]),
-                                       image_size, tf.constant([0, i]))
+                                       tf.constant([0, i]))
       for i in range(count)])
 
   def timed(fused: bool) -> Callable[[], float]:
@@ -433,7 +433,7 @@ def main(argv: list[str]) -> None:
                         setup["batch_size"], setup["repetitions"],
                         setup["seconds"], setup["threads"])
     setup["load_average"] = [load_before, os.getloadavg()[0]]
-  decodes = decode_alone(jpegs, setup["image_size"], setup["repetitions"])
+  decodes = decode_alone(jpegs, setup["repetitions"])
   kernels = resize_kernels(setup["image_size"], setup["repetitions"],
                            2 if FLAGS.tiny else 50)
   summary = summarise(runs)

@@ -5,9 +5,10 @@
 
 Feeds the raw encoded JPEGs of the records to the `serve_jpeg` signature, so
 images go through exactly the eval preprocessing of training
-(preprocessing.preprocess_for_eval) and the numbers reproduce the in-training
-eval of the same checkpoint. Every record counts (the last batch is simply
-smaller). A record whose JPEG does not decode is logged by file, record index
+(preprocessing.preprocess_for_eval, with the centre-crop fraction the run's
+config.json recorded as --eval_crop_fraction) and the numbers reproduce the
+in-training eval of the same checkpoint. Every record counts (the last batch
+is simply smaller). A record whose JPEG does not decode is logged by file, record index
 and file name, counted in "errors" and left out of "examples". The last line
 on stdout is one JSON object: {"top1", "top5", "examples"[, "errors"]}.
 """
@@ -108,6 +109,10 @@ def evaluate(saved_model: str, data_dir: str, split: str = "validation",
   loaded = load_export(saved_model)
   serve = loaded.signatures["serve_jpeg"]
   label_offset = tf.cast(loaded.label_offset, tf.int32)
+  if hasattr(loaded, "eval_crop_fraction"):
+    logging.info("serve_jpeg centre crop: %.4f of the shorter side (the "
+                 "run's --eval_crop_fraction)",
+                 float(loaded.eval_crop_fraction.numpy()))
   dataset = records(data_dir, split).batch(batch_size).prefetch(2)
   tally, start = Tally(), time.time()
   for batch in dataset:
