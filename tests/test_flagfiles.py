@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from resnet_tpu import config as config_lib
 from resnet_tpu import flags as resnet_flags
+from resnet_tpu import preflight
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.metrics_log import read_metrics
 from resnet_tpu.run import run
@@ -46,11 +47,16 @@ TINY_SCHEDULE = "0:16,1:32"
 
 
 def parse_flagfile(path: str) -> TrainConfig:
-  """The TrainConfig of `main.py --flagfile=path`, as main.py builds it."""
+  """The TrainConfig of `main.py --flagfile=path` on the ImageNet files the
+  recipes are written for (run.py takes the epoch from that 1024-file
+  layout, preflight.num_train_images)."""
   flag_values = flags.FlagValues()
   resnet_flags.define_flags(flag_values)
   flag_values(["main.py", f"--flagfile={path}", "--model_dir=/tmp/unused"])
-  return resnet_flags.config_from_flags(flag_values)
+  cfg = resnet_flags.config_from_flags(flag_values)
+  return dataclasses.replace(
+      cfg, num_train_images=(cfg.num_train_images or
+                             preflight.IMAGENET_TRAIN_IMAGES))
 
 
 def replicas_of(path: str, cfg: TrainConfig) -> int:

@@ -270,9 +270,9 @@ def _as_ring_phases(phases):
 @pytest.mark.parametrize("grid", [(4, 2), (2, 4), (4, 4)], ids=_id)
 def test_simulator_counts_the_values_and_steps_the_executable_sends(algorithm,
                                                                    grid):
-  """tools/allreduce_sim.py's torus_2d and grid_2d model 2d_ying and 2d: the
-  traced graph's phases, ring steps and values sent by each replica along
-  rows and along columns equal the simulator's, chip by chip."""
+  """The torus_2d and grid_2d models of tools.allreduce_sim are 2d_ying and
+  2d: the traced graph's phases, ring steps and values sent by each replica
+  along rows and along columns equal the simulator's, chip by chip."""
   cols, rows = grid
   # A multiple of 2XY: no padding, which the simulator does not model.
   replicas, num_values = cols * rows, 2 * cols * rows * 3

@@ -8,8 +8,8 @@ import re
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT_DIRS = ("tools", "tools/dev", "data")
-# README.md is rewritten apart; its commands are checked there.
-CHECKED = ("Makefile", "colab_demo.ipynb", "*.py", "docs/*.md", "flags/*.cfg",
+CHECKED = ("README.md", "Makefile", "colab_demo.ipynb", "*.py", "docs/*.md",
+           "flags/*.cfg",
            "resnet_tpu/*.py", "tools/*.py", "tools/dev/*.py", "data/*.py",
            "tests/*.py", "tests/dev/*.py")
 
