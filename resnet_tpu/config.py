@@ -8,7 +8,6 @@ imports nothing of the project (and not TensorFlow) when it loads, so flags
 parse before TensorFlow is imported.
 """
 import dataclasses
-import glob
 import json
 import os
 
@@ -310,14 +309,15 @@ def validate(cfg: TrainConfig, num_replicas: int | None = None) -> None:
 
 
 def _check_data_dir(data_dir: str) -> None:
+  """The folder exists and holds both splits (local, gs://, any filesystem
+  TensorFlow reads)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   _check(bool(data_dir),
          "--data_dir is required unless --use_synthetic_data is set.")
-  if data_dir.startswith("gs://"):
-    return
-  _check(os.path.isdir(data_dir), f"--data_dir={data_dir!r} is not a "
+  _check(tf.io.gfile.isdir(data_dir), f"--data_dir={data_dir!r} is not a "
          "directory.")
   for split in ("train", "validation"):
-    _check(bool(glob.glob(os.path.join(data_dir, f"{split}-*"))),
+    _check(bool(tf.io.gfile.glob(os.path.join(data_dir, f"{split}-*"))),
            f"--data_dir={data_dir!r} holds no '{split}-*' TFRecord files "
            "(expected imagenet_to_gcs layout, e.g. "
            f"{split}-00000-of-00004; python -m data.build_tfrecords writes "
