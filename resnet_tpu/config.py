@@ -143,7 +143,7 @@ class TrainConfig:
     """`train_epochs` if set, else the epochs `train_steps` cover."""
     if self.train_epochs:
       return self.train_epochs
-    return float(self.clock.epoch(self.train_steps))
+    return self.clock.epoch_of_step(self.train_steps)
 
   @property
   def compute_dtype(self) -> str:

@@ -129,6 +129,16 @@ class EpochClock:
     images = (epochs - start_epoch) * self.images_per_epoch
     return starts[phase] + math.ceil(images / batch)
 
+  def epoch_of_step(self, step: int) -> float:
+    """Fractional epoch at `step`, in plain Python: no TensorFlow op runs,
+    so pre-flight code may call it before a multi-worker strategy starts."""
+    result = 0.0
+    for start, (epoch, batch) in zip(self.phase_start_steps(),
+                                     self.batch_size_schedule):
+      if step >= start:
+        result = epoch + (step - start) * batch / self.images_per_epoch
+    return result
+
   def epoch(self, step):
     """Fractional epoch at `step` (a scalar tensor), as float32."""
     step = ops.cast(step, "float32")

@@ -95,5 +95,7 @@ def test_4_loopback_workers_match_a_4_replica_mirrored_run(tmp_path):
   for task in range(WORKERS):
     with np.load(tmp_path / f"weights_{task}.npz") as got:
       for k, want in enumerate(expected):
+        # Float32 sums in another order (4 processes vs one), amplified by
+        # the LR of 8 over 3 steps: a few weights differ by ~1e-5.
         np.testing.assert_allclose(got[f"arr_{k}"], want, rtol=1e-4,
-                                   atol=1e-5, err_msg=f"worker {task}")
+                                   atol=5e-5, err_msg=f"worker {task}")

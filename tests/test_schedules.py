@@ -175,3 +175,10 @@ def test_parse_batch_size_schedule_names_the_flag_on_bad_input(text):
 def test_bad_schedule_arguments_name_the_flag(kwargs, flag):
   with pytest.raises(ValueError, match=flag):
     schedule(**kwargs)
+
+
+def test_epoch_of_step_is_the_tensor_epoch_without_running_tensorflow():
+  clock = EpochClock(1000, ((0, 100), (2, 200), (5, 400)))
+  for step in (0, 7, 20, 21, 35, 36, 50, 99):
+    assert clock.epoch_of_step(step) == pytest.approx(
+        float(clock.epoch(step)), rel=1e-6), step
