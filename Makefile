@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 DEMO_DATA := demo_data
 DEMO_RUN := runs/demo
 
-.PHONY: venv test demo bench bench-cpu-kernels profile-ops clean
+.PHONY: venv test demo bench bench-cpu-kernels profile-ops study clean
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -63,6 +63,12 @@ profile-ops: venv
 	$(PY) -m tools.op_profile --workloads=bn_group1,bn_group4,bn_group8 \
 	    --output_dir=bench_results
 	$(PY) -m tools.bench_report --output_dir=bench_results
+
+# The papers' central claims on real photos (tools/study.py): Fashion-MNIST
+# from Debian's dataset-fashion-mnist, about 90 minutes on 2 CPU cores; it
+# prints its estimate first.
+study: venv
+	$(PY) -m tools.study --output_dir=bench_results/studies
 
 clean:
 	rm -rf $(DEMO_RUN) $(DEMO_DATA) bench_results/*.tmp
