@@ -7,7 +7,7 @@ DEMO_DATA := demo_data
 DEMO_RUN := runs/demo
 
 .PHONY: venv test test-dev test-compat check-requirements demo bench \
-	bench-collectives bench-cpu-kernels profile-ops accelerator-check clean
+	bench-collectives bench-cpu-kernels profile-ops accelerator-check study clean
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -109,6 +109,12 @@ profile-ops: venv
 #   make accelerator-check PYTHON=python3 ARGS=--tpu=local
 accelerator-check:
 	$(PYTHON) -m tools.accelerator_check $(ARGS)
+
+# The papers' central claims on real photos (tools/study.py): Fashion-MNIST
+# from Debian's dataset-fashion-mnist, 41-107 minutes estimated on 2 CPU cores; it
+# prints its estimate first.
+study: venv
+	$(PY) -m tools.study --output_dir=bench_results/studies
 
 clean:
 	rm -rf $(DEMO_RUN) $(DEMO_DATA) bench_results/*.tmp
