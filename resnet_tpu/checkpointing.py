@@ -41,10 +41,6 @@ class Checkpoints:
     return tf.train.CheckpointManager(self.checkpoint, self.directory,
                                       max_to_keep=self.cfg.keep_checkpoints)
 
-  @property
-  def step(self) -> int:
-    return int(self.optimizer.iterations.numpy())
-
   def latest(self) -> str | None:
     return tf.train.latest_checkpoint(self.cfg.model_dir)
 

@@ -1,10 +1,13 @@
-"""Every private TensorFlow and Keras API the project touches, in one place.
+"""The private TensorFlow and Keras APIs the project calls, in one place.
 
 Supported: TensorFlow 2.19.1 (the last TPU build, tensorflow-tpu) to 2.21 with
 the Keras each pairs with (requirements*.txt). Each function below wraps one
 API that is not covered by TensorFlow's or Keras's compatibility promise;
 tests/test_compat.py checks every one of them on each supported version, so
 an upgrade that changes one fails there, by name, and not deep in a run.
+One more is not a call but an override: DistributedBatchNormalization
+replaces Keras's BatchNormalization._moments; tests/test_compat.py checks
+that Keras still routes its training statistics through it.
 """
 import keras
 import tensorflow as tf
@@ -51,7 +54,8 @@ def shift_collective_keys(strategy_class: type, offset: int) -> None:
   the same base; tests that build several shift it, as TensorFlow's own
   strategy_combinations does.
   """
-  strategy_class._collective_key_base += offset  # pylint: disable=protected-access
+  # pylint: disable-next=protected-access
+  strategy_class._collective_key_base += offset
 
 
 # --- raw V2 collectives (a subgroup of replicas) -----------------------------

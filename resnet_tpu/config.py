@@ -286,9 +286,12 @@ def validate(cfg: TrainConfig, num_replicas: int | None = None) -> None:
   parse_grid(cfg.all_reduce_grid)
   _check(cfg.train_steps > 0 or cfg.train_epochs > 0,
          "Set --train_steps or --train_epochs (> 0).")
-  _check(not (cfg.tpu and cfg.gradient_all_reduce != "auto"),
+  _check(not ((cfg.tpu or cfg.strategy == "tpu") and
+              cfg.gradient_all_reduce != "auto"),
          "--gradient_all_reduce=ring|2d|2d_ying is for GPU/CPU replicas; on "
          "TPU XLA sums gradients over the torus (use auto).")
+  _check(not (cfg.nesterov and cfg.optimizer == "rmsprop_warmup"),
+         "--nesterov is not supported with --optimizer=rmsprop_warmup.")
   _check(not (cfg.skip_nonfinite_steps and cfg.batch_size_schedule),
          "--skip_nonfinite_steps does not support --batch_size_schedule "
          "(gradient accumulation); a NaN/Inf loss there stops training.")
@@ -317,8 +320,9 @@ def _check_data_dir(data_dir: str) -> None:
   _check(tf.io.gfile.isdir(data_dir), f"--data_dir={data_dir!r} is not a "
          "directory.")
   for split in ("train", "validation"):
-    _check(bool(tf.io.gfile.glob(os.path.join(data_dir, f"{split}-*"))),
-           f"--data_dir={data_dir!r} holds no '{split}-*' TFRecord files "
+    _check(bool(tf.io.gfile.glob(os.path.join(data_dir,
+                                              f"{split}-*-of-*"))),
+           f"--data_dir={data_dir!r} holds no '{split}-*-of-*' TFRecord files "
            "(expected imagenet_to_gcs layout, e.g. "
            f"{split}-00000-of-00004; python -m data.build_tfrecords writes "
            "it).")
@@ -342,7 +346,7 @@ def validate_replicas(cfg: TrainConfig, num_replicas: int) -> None:
            f"cells but there are {num_replicas} replicas.")
 
 
-# --- config.json ---------------------------------------------------------------
+# --- config.json -------------------------------------------------------------
 
 
 def write_config(cfg: TrainConfig, labels_file: str = "") -> str:

@@ -45,8 +45,8 @@ def require_tpu_support() -> None:
   if compat.has_kernel(TPU_SYSTEM_OP):
     return
   raise ConfigError(
-      f"--tpu/--strategy=tpu: the installed TensorFlow ({installed_tensorflow()}"
-      f") has no TPU support (no {TPU_SYSTEM_OP} kernel). On a TPU VM "
+      "--tpu/--strategy=tpu: the installed TensorFlow "
+      f"({installed_tensorflow()}) has no TPU support (no {TPU_SYSTEM_OP} kernel). On a TPU VM "
       f"install requirements-tpu.txt alone: {TPU_REPAIR}")
 
 

@@ -1,6 +1,6 @@
 """SavedModel export for serving, free of the collectives of distributed BN.
 
-A run writes `<model_dir>/config.json` when it starts (config.write_config), so the
+A run writes `<model_dir>/config.json` (config.write_config), so the
 export and evaluation tools need only --model_dir to rebuild the network.
 `export_saved_model` builds that network OUTSIDE any distribution strategy in
 float32 (even after bfloat16 training: the checkpoint variables are float32),

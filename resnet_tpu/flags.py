@@ -148,7 +148,8 @@ HELP = {
                   "TF_ENABLE_ONEDNN_OPTS you set wins "
                   "(resnet_tpu/process_setup.py).",
     "export_dir": "Write a serving SavedModel of the final checkpoint "
-                  "here (python -m tools.export_savedmodel); empty = no export.",
+                  "here (python -m tools.export_savedmodel); empty = no "
+                  "export.",
 }
 
 # String choices become enum flags (resnet_depth stays an integer flag).

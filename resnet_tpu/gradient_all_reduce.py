@@ -26,7 +26,6 @@ import tensorflow as tf
 from resnet_tpu import compat
 from resnet_tpu import replica_groups
 from resnet_tpu.config import GRADIENT_ALL_REDUCE
-from resnet_tpu.config import parse_grid  # noqa: F401  (re-exported)
 
 Grid = tuple[int, int]
 

@@ -2,7 +2,9 @@
 
 On a TPU the host must not be on the critical path: each call of a loop here
 runs `num_steps` steps inside one tf.function (`--steps_per_loop`, the TPU
-"host loop"), and only the sums of the loop come back to the host.
+"host loop"), and only the sums of the loop come back to the host. The
+accumulating loop is Mikami et al. 2018's batch-size control: a larger
+global batch as several micro-batches per optimizer step.
 """
 import dataclasses
 from typing import Iterator, NamedTuple

@@ -34,6 +34,7 @@ import tensorflow as tf
 from resnet_tpu import data_checks
 from resnet_tpu import preprocessing
 from resnet_tpu import shard_audit
+from resnet_tpu.config import ConfigError
 
 SPLITS = ("train", "validation")
 # uint8: what preprocessing.py returns, a quarter of the bytes of float32;
@@ -92,7 +93,7 @@ def split_files(data_dir: str, split: str) -> list[str]:
   pattern = os.path.join(data_dir, f"{split}-*-of-*")
   files = sorted(tf.io.gfile.glob(pattern))
   if not files:
-    raise ValueError(
+    raise ConfigError(
         f"no TFRecord files match {pattern}; --data_dir must hold files named "
         f"like {split}-00000-of-01024 (data/build_tfrecords.py or "
         "tensorflow/tpu imagenet_to_gcs.py)")

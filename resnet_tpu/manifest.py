@@ -22,6 +22,8 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
+from resnet_tpu.config import ConfigError
+
 MANIFEST_FILE = "manifest.json"
 # Files stat-ed at once: gs:// stats are round trips.
 STAT_THREADS = 32
@@ -51,7 +53,7 @@ def read(data_dir: str) -> dict[str, Split] | None:
                       for name, entry in info["files"].items()}
               for split, info in splits.items()}
     except (ValueError, KeyError, TypeError) as e:
-      raise ValueError(
+      raise ConfigError(
           f"{path(data_dir)} is not a manifest of data/build_tfrecords.py "
           f"({type(e).__name__}: {e}); delete it, or rewrite it with "
           f"`{VERIFY_COMMAND.format(data_dir=data_dir)} --write_manifest`"

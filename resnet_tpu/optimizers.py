@@ -82,8 +82,8 @@ def build_optimizer(
       SGD share reaches 0.5, and twice the epochs from there to pure SGD.
     clock: maps steps to epochs; required by rmsprop_warmup.
     gradient_all_reduce, all_reduce_grid: how gradients are summed across
-      replicas (gradient_all_reduce.use_gradient_all_reduce): auto, ring or 2d
-      over an (X, Y) grid (None: the squarest).
+      replicas (gradient_all_reduce.use_gradient_all_reduce): auto, ring,
+      2d or 2d_ying over an (X, Y) grid (None: the squarest).
     collective_timeout_s: fail an explicit gradient all-reduce that waits
       longer (0 = never).
   """

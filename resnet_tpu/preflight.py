@@ -212,9 +212,11 @@ def schedule_warnings(cfg: TrainConfig) -> list[str]:
   warnings = []
   warmup_steps = clock.steps_for_epochs(cfg.warmup_epochs)
   if warmup_steps > steps:
-    scaled = (cfg.base_learning_rate * clock.global_batch_at_step(steps - 1)
-              / 256 * (schedules.SLOW_START_MULTIPLIERS[0]
-                       if cfg.lr_schedule == "slow_start" else 1.0))
+    batch_scale = (1.0 if cfg.learning_rate_scaling == "none" else
+                   clock.global_batch_at_step(steps - 1) / 256)
+    scaled = (cfg.base_learning_rate * batch_scale *
+              (schedules.SLOW_START_MULTIPLIERS[0]
+               if cfg.lr_schedule == "slow_start" else 1.0))
     share = cfg.total_train_epochs / cfg.warmup_epochs
     warnings.append(
         f"--warmup_epochs={cfg.warmup_epochs:g} ({warmup_steps:,} steps) is "
@@ -227,7 +229,7 @@ def schedule_warnings(cfg: TrainConfig) -> list[str]:
           if clock.steps_for_epochs(epoch) >= steps]
   if late:
     warnings.append(
-        f"The --lr_schedule={cfg.lr_schedule} decays at epochs "
+        f"The decays of --lr_schedule={cfg.lr_schedule} at epochs "
         f"{', '.join(f'{e:g}' for e, _ in late)} (steps "
         f"{', '.join(f'{s:,}' for _, s in late)}) lie beyond the end of "
         f"{run}: the LR never decays there.")
@@ -235,7 +237,7 @@ def schedule_warnings(cfg: TrainConfig) -> list[str]:
       clock.batch_size_schedule, clock.phase_start_steps()) if start >= steps]
   if late:
     warnings.append(
-        "The --batch_size_schedule switches to global batches "
+        "The --batch_size_schedule's switches to global batches "
         f"{', '.join(f'{b:,}' for _, b, _ in late)} at epochs "
         f"{', '.join(str(e) for e, _, _ in late)} (steps "
         f"{', '.join(f'{s:,}' for _, _, s in late)}) lie beyond the end of "

@@ -14,9 +14,10 @@ from resnet_tpu import export
 from resnet_tpu import host_memory
 from resnet_tpu import input_pipeline
 from resnet_tpu import preflight
-from resnet_tpu import process_setup
-from resnet_tpu import shard_audit
 from resnet_tpu import preprocessing
+from resnet_tpu import process_setup
+from resnet_tpu import schedules
+from resnet_tpu import shard_audit
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.strategy import configure_cpu_replicas
 from resnet_tpu.strategy import create_strategy
@@ -57,8 +58,9 @@ def run(cfg: TrainConfig, model_fn: ModelFn | None = None,
         loop_callback: LoopCallback | None = None) -> dict:
   """Validates `cfg`, trains, evaluates and exports; returns the last eval.
 
-  Writes <model_dir>/config.json first (config.write_config) and, when
-  cfg.export_dir is set, a SavedModel of the final checkpoint last.
+  Writes <model_dir>/config.json (config.write_config) once the trainer is
+  built and, when cfg.export_dir is set, a SavedModel of the final
+  checkpoint last.
   model_fn and loop_callback: see Trainer (tests and tools train other
   networks or watch the loops through them).
   """
@@ -76,6 +78,9 @@ def run(cfg: TrainConfig, model_fn: ModelFn | None = None,
     preflight.check_manifest(cfg)
   cfg = dataclasses.replace(cfg,
                             num_train_images=preflight.num_train_images(cfg))
+  schedules.validate_schedule(cfg.lr_schedule, cfg.warmup_epochs,
+                              cfg.total_train_epochs,
+                              cfg.learning_rate_scaling, cfg.end_learning_rate)
   for warning in preflight.schedule_warnings(cfg):
     logging.warning("%s", warning)
   tf.keras.utils.set_random_seed(cfg.seed)

@@ -24,6 +24,7 @@ from typing import Sequence
 import keras
 from keras import ops
 
+from resnet_tpu.config import ConfigError
 from resnet_tpu.config import LR_SCALINGS
 from resnet_tpu.config import SCHEDULES
 
@@ -178,26 +179,29 @@ def _decay_in_epochs(decay: str, warmup_epochs: float, train_epochs: float,
   return None
 
 
-def _validate(decay: str, warmup_epochs: float, train_epochs: float,
-              scaling: str, end_learning_rate: float) -> None:
+def validate_schedule(decay: str, warmup_epochs: float, train_epochs: float,
+                      scaling: str, end_learning_rate: float) -> None:
+  """ConfigError naming the flag for a schedule that cannot be built (the
+  pre-flight check of run.py, and every EpochSchedule)."""
   if decay not in SCHEDULES:
-    raise ValueError(
+    raise ConfigError(
         f"--lr_schedule must be one of {SCHEDULES}, got {decay!r}")
   if scaling not in LR_SCALINGS:
-    raise ValueError(f"--learning_rate_scaling must be one of {LR_SCALINGS}, "
-                     f"got {scaling!r}")
+    raise ConfigError(f"--learning_rate_scaling must be one of {LR_SCALINGS}, "
+                      f"got {scaling!r}")
   if end_learning_rate < 0:
-    raise ValueError(
+    raise ConfigError(
         f"--end_learning_rate must be >= 0, got {end_learning_rate}")
   if warmup_epochs < 0:
-    raise ValueError(f"--warmup_epochs must be >= 0, got {warmup_epochs}")
+    raise ConfigError(f"--warmup_epochs must be >= 0, got {warmup_epochs}")
   if decay in ("polynomial", "cosine") and train_epochs <= warmup_epochs:
-    raise ValueError(
-        f"--train_epochs ({train_epochs}) must exceed --warmup_epochs "
+    raise ConfigError(
+        f"the run's {train_epochs:g} epochs (--train_epochs or --train_steps) "
+        "must exceed --warmup_epochs "
         f"({warmup_epochs}) for --lr_schedule={decay}")
   boundaries = {"step": STEP_BOUNDARIES, "slow_start": SLOW_START_BOUNDARIES}
   if decay in boundaries and warmup_epochs >= boundaries[decay][0]:
-    raise ValueError(
+    raise ConfigError(
         f"--warmup_epochs ({warmup_epochs}) must end before the first decay "
         f"of --lr_schedule={decay} at epoch {boundaries[decay][0]}")
 
@@ -232,7 +236,8 @@ class EpochSchedule(keras.optimizers.schedules.LearningRateSchedule):
                scaling: str = "linear",
                end_learning_rate: float = POLY_END_LEARNING_RATE):
     super().__init__()
-    _validate(decay, warmup_epochs, train_epochs, scaling, end_learning_rate)
+    validate_schedule(decay, warmup_epochs, train_epochs, scaling,
+                      end_learning_rate)
     self.base_learning_rate = float(base_learning_rate)
     self.clock = EpochClock(
         images_per_epoch, tuple(tuple(p) for p in batch_size_schedule))

@@ -1,7 +1,8 @@
 """Picks the tf.distribute strategy: TPU, GPUs, multi-worker, or CPU replicas.
 
-All strategies share one interface for the rest of the code: the trainer only
-sees `strategy.num_replicas_in_sync`, `strategy.scope()`, `strategy.run`.
+All strategies share one interface for the rest of the code (tf.distribute's
+Strategy: scope, run, reduce, distributed datasets); on TPU the BN groups of
+the placement come with it (`Distribution`).
 """
 import dataclasses
 import json

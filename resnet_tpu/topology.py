@@ -24,6 +24,8 @@ from typing import Sequence
 import numpy as np
 import tensorflow as tf
 
+from resnet_tpu.config import ConfigError
+
 Chip = tuple[int, int, int]
 Core = tuple[int, int, int, int]
 # Chips per host on v2, v3 and v4 slices (a 2x2 board).
@@ -112,22 +114,22 @@ def tile_shape(mesh: Chip, cores_per_chip: int, host_box: Chip,
   axis.
   """
   if group_size < 1:
-    raise ValueError(f"--bn_group_size={group_size} must be at least 1.")
+    raise ConfigError(f"--bn_group_size={group_size} must be at least 1.")
   if group_size <= cores_per_chip:
     if cores_per_chip % group_size:
-      raise ValueError(f"--bn_group_size={group_size} must divide the "
-                       f"{cores_per_chip} cores of a chip.")
+      raise ConfigError(f"--bn_group_size={group_size} must divide the "
+                        f"{cores_per_chip} cores of a chip.")
     return (1, 1, 1)
   if group_size % cores_per_chip:
-    raise ValueError(f"--bn_group_size={group_size} must be a multiple of "
-                     f"the {cores_per_chip} cores of a chip.")
+    raise ConfigError(f"--bn_group_size={group_size} must be a multiple of "
+                      f"the {cores_per_chip} cores of a chip.")
   chips = group_size // cores_per_chip
   within_host = chips <= math.prod(host_box)
   candidates = [box for box in itertools.product(*map(_divisors, mesh))
                 if math.prod(box) == chips and
                 _fits_hosts(box, host_box, within_host)]
   if not candidates:
-    raise ValueError(
+    raise ConfigError(
         f"--bn_group_size={group_size} cannot tile a {box_text(mesh)} slice "
         f"with {cores_per_chip} cores per chip and {box_text(host_box)} chips "
         "per host: use a power of two up to the replica count.")

@@ -82,7 +82,7 @@ def test_missing_or_empty_data_dir_fails_naming_it(tmp_path, before_startup):
   with pytest.raises(ConfigError, match="--data_dir=.*not a directory"):
     run_lib.run(_config(tmp_path, tmp_path / "nowhere"))
   (tmp_path / "empty").mkdir()
-  with pytest.raises(ConfigError, match="--data_dir=.*no 'train-\\*'"):
+  with pytest.raises(ConfigError, match="--data_dir=.*no 'train-\\*-of-\\*'"):
     run_lib.run(_config(tmp_path, tmp_path / "empty"))
 
 

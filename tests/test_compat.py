@@ -118,3 +118,19 @@ def test_has_kernel_reads_the_kernel_registry():
   assert not compat.has_kernel("CollectiveReduceV2", "TPU")
   # TPU system ops have kernels only in tensorflow-tpu builds.
   assert not compat.has_kernel("ConfigureDistributedTPU")
+
+
+def test_keras_batch_norm_still_takes_its_statistics_from_moments():
+  """DistributedBatchNormalization overrides the private `_moments` (its
+  non-fused path, bn_recompute.py): Keras must still call it in training."""
+  calls = []
+
+  class Recording(keras.layers.BatchNormalization):
+
+    def _moments(self, inputs, mask):
+      calls.append(inputs.shape)
+      return super()._moments(inputs, mask)
+
+  layer = Recording()
+  layer(tf.ones([2, 3]), training=True)
+  assert calls == [(2, 3)]

@@ -40,6 +40,9 @@ def test_a_good_config_validates():
     (dict(all_reduce_grid="4by2"), None, "--all_reduce_grid"),
     (dict(tpu="local", gradient_all_reduce="ring"), None,
      "--gradient_all_reduce"),
+    (dict(strategy="tpu", gradient_all_reduce="2d_ying"), None,
+     "--gradient_all_reduce"),
+    (dict(optimizer="rmsprop_warmup", nesterov=True), None, "--nesterov"),
     (dict(bn_stats="ema"), None, "--bn_stats"),
 ])
 def test_bad_setting_is_rejected_naming_its_flag(overrides, replicas, flag):

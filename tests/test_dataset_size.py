@@ -8,6 +8,8 @@ import pytest
 
 from resnet_tpu import preflight
 from resnet_tpu import run as run_lib
+from resnet_tpu import schedules
+from resnet_tpu.config import ConfigError
 from resnet_tpu.config import TrainConfig
 import damaged_shards
 
@@ -46,7 +48,7 @@ def test_warm_up_and_decays_beyond_the_run_are_warned_with_the_peak_lr():
       "--warmup_epochs=5 (100,092 steps) is longer than the run (250 steps, "
       "0.0125 epochs of --num_train_images=1,281,167); the LR peaks at "
       "6.24e-05, 0.25% of the 0.025 it would reach.",
-      "The --lr_schedule=step decays at epochs 30, 60, 80 (steps 600,548, "
+      "The decays of --lr_schedule=step at epochs 30, 60, 80 (steps 600,548, "
       "1,201,095, 1,601,459) lie beyond the end of the run (250 steps, "
       "0.0125 epochs of --num_train_images=1,281,167): the LR never decays "
       "there."]
@@ -59,7 +61,7 @@ def test_batch_size_switch_beyond_the_run_is_warned():
                 batch_size_schedule="0:64,2:128", warmup_epochs=0,
                 lr_schedule="constant")
   assert preflight.schedule_warnings(cfg) == [
-      "The --batch_size_schedule switches to global batches 128 at epochs 2 "
+      "The --batch_size_schedule's switches to global batches 128 at epochs 2 "
       "(steps 32) lie beyond the end of the run (8 steps, 0.5 epochs of "
       "--num_train_images=1,024)."]
   assert preflight.schedule_warnings(
@@ -82,3 +84,18 @@ def test_run_warns_before_start_up_of_a_warm_up_longer_than_the_run(
     run_lib.run(cfg)
   assert ("--warmup_epochs=5 (100,092 steps) is longer than the run (250 "
           "steps") in caplog.text
+
+
+def test_a_schedule_that_cannot_be_built_fails_before_start_up():
+  with pytest.raises(ConfigError, match="must exceed --warmup_epochs"):
+    schedules.validate_schedule("cosine", 5.0, 0.5, "linear", 0.0)
+  with pytest.raises(ConfigError, match="must end before the first decay"):
+    schedules.validate_schedule("step", 30.0, 90.0, "linear", 0.0)
+
+
+def test_the_warm_up_warning_quotes_an_absolute_lr_as_it_is():
+  cfg = _config(num_train_images=1_281_167, train_steps=250,
+                global_batch_size=4096, base_learning_rate=10.0,
+                learning_rate_scaling="none")
+  [warm_up, *_] = preflight.schedule_warnings(cfg)
+  assert "of the 10 it would reach" in warm_up

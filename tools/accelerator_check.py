@@ -33,7 +33,6 @@ import sys
 import tempfile
 import time
 
-import resnet_tpu  # noqa: F401  (before TensorFlow: resnet_tpu/cpu_kernels.py)
 from absl import app
 from absl import flags
 from absl import logging
@@ -156,6 +155,9 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   tf.get_logger().setLevel("WARNING")
   kind = resolve_kind(FLAGS.strategy, FLAGS.tpu)
+  if kind == "multi_worker":
+    sys.exit("accelerator_check: TF_CONFIG is set; check one host at a time "
+             "(unset TF_CONFIG, or pass --strategy=tpu|gpu|cpu).")
   try:
     device_check.require_accelerator(kind)
   except ConfigError as e:

@@ -24,8 +24,7 @@ Each study writes <name>.md, .json and .png to --output_dir
 (bench_results/studies). At start-up a few timed steps of each kind of run
 (8 replicas with local and with grouped BN, 2 replicas for b and c) give
 the estimated wall time of the whole plan at the current machine load;
---estimate_only stops there. The default fits about 90 minutes on 2 CPU
-cores; --full (all 60k images, 30 passes, batches to 16384, 3 seeds) is for
+--estimate_only stops there. --full (all 60k images, 30 passes, batches to 16384, 3 seeds) is for
 GPU/TPU hosts (--strategy), --smoke is the CI test's few-step version.
 """
 import dataclasses

@@ -21,6 +21,7 @@ from absl import logging
 import keras
 import tensorflow as tf
 
+from resnet_tpu import compat
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.metrics_log import read_metrics
 from resnet_tpu.run import run
@@ -109,7 +110,7 @@ class Runner:
                              f"{self._count:03d}")
     shutil.rmtree(model_dir, ignore_errors=True)
     cfg = dataclasses.replace(item.cfg, model_dir=model_dir)
-    tf.distribute.MirroredStrategy._collective_key_base += 100000
+    compat.shift_collective_keys(tf.distribute.MirroredStrategy, 100000)
     start, cpu_start = time.time(), time.process_time()
     run(cfg)
     seconds, cpu_seconds = (time.time() - start,
