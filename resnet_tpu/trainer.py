@@ -24,6 +24,7 @@ from resnet_tpu.checkpointing import Checkpoints
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.host_loops import HostLoops
 from resnet_tpu.host_loops import LoopResult
+from resnet_tpu.input_pipeline import DatasetFn
 from resnet_tpu.metrics_log import MetricsLog
 from resnet_tpu.model import build_model
 from resnet_tpu.optimizers import build_optimizer_from_config
@@ -31,7 +32,6 @@ from resnet_tpu.shard_audit import LostRecords
 from resnet_tpu.train_step import make_accumulators
 from resnet_tpu.train_step import ReplicaStep
 
-DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
 ModelFn = Callable[[TrainConfig], keras.Model]
 # Called with each host loop's train record once it is logged.
 LoopCallback = Callable[[dict], None]
