@@ -21,6 +21,16 @@ from resnet_tpu.config import TrainConfig
 DAMAGED_DIR = "damaged"
 
 
+def worker_checkpoint_dir(model_dir: str, strategy: tf.distribute.Strategy,
+                          chief: bool) -> str:
+  """model_dir on the chief; a scratch folder of model_dir on other workers,
+  which take part in saving but keep no files of their own."""
+  if chief:
+    return model_dir
+  task = strategy.cluster_resolver.task_id
+  return os.path.join(model_dir, f".worker_{task}_scratch")
+
+
 class Checkpoints:
   """The run's checkpoints in `model_dir` (a scratch folder on non-chief
   workers, which take part in saving without keeping the files)."""

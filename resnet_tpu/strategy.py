@@ -109,3 +109,13 @@ def _log(strategy: tf.distribute.Strategy, kind: str) -> None:
                strategy.num_replicas_in_sync,
                f" (TF_CONFIG task {json.loads(os.environ['TF_CONFIG'])['task']})"
                if kind == "multi_worker" else "")
+
+
+def is_chief(strategy: tf.distribute.Strategy) -> bool:
+  """True on the worker that writes checkpoints, logs and summaries."""
+  resolver = getattr(strategy, "cluster_resolver", None)
+  if resolver is None or not resolver.task_type:
+    return True
+  return (resolver.task_type == "chief" or
+          (resolver.task_type == "worker" and resolver.task_id == 0 and
+           "chief" not in resolver.cluster_spec().as_dict()))

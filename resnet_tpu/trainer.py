@@ -4,13 +4,12 @@ Ying et al. 2018 train with synchronous data parallelism and several steps
 per host call; the step math is train_step.py, the loops host_loops.py, the
 checkpoints checkpointing.py. `Trainer` builds them under the strategy and
 runs `fit`: host loop after host loop, evaluating and checkpointing on the
-configured cadence, one log line per loop. Between host loops it checks for
-SIGTERM (preemption.py) and for non-finite loss or gradients; a run stops
-with a checkpoint (`Preempted`) or without overwriting the last good one
-(`NonFiniteLossError`), or skips such steps with --skip_nonfinite_steps.
+configured cadence, one record and log line per loop (loop_report.py).
+Between host loops it checks for SIGTERM (preemption.py) and for non-finite
+loss or gradients; a run stops with a checkpoint (`Preempted`) or without
+overwriting the last good one (`loop_report.NonFiniteLossError`), or skips
+such steps with --skip_nonfinite_steps.
 """
-import math
-import os
 import time
 from typing import Callable, Iterator, Sequence
 
@@ -18,9 +17,11 @@ from absl import logging
 import keras
 import tensorflow as tf
 
+from resnet_tpu import loop_report
 from resnet_tpu import preemption
 from resnet_tpu.bn_recompute import BNStatisticsRecomputer
 from resnet_tpu.checkpointing import Checkpoints
+from resnet_tpu.checkpointing import worker_checkpoint_dir
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.host_loops import HostLoops
 from resnet_tpu.host_loops import LoopResult
@@ -29,26 +30,13 @@ from resnet_tpu.metrics_log import MetricsLog
 from resnet_tpu.model import build_model
 from resnet_tpu.optimizers import build_optimizer_from_config
 from resnet_tpu.shard_audit import LostRecords
+from resnet_tpu.strategy import is_chief
 from resnet_tpu.train_step import make_accumulators
 from resnet_tpu.train_step import ReplicaStep
 
 ModelFn = Callable[[TrainConfig], keras.Model]
 # Called with each host loop's train record once it is logged.
 LoopCallback = Callable[[dict], None]
-
-
-class NonFiniteLossError(RuntimeError):
-  """The loss or the gradients were NaN/Inf; no checkpoint was written."""
-
-
-def is_chief(strategy: tf.distribute.Strategy) -> bool:
-  """True on the worker that writes checkpoints, logs and summaries."""
-  resolver = getattr(strategy, "cluster_resolver", None)
-  if resolver is None or not resolver.task_type:
-    return True
-  return (resolver.task_type == "chief" or
-          (resolver.task_type == "worker" and resolver.task_id == 0 and
-           "chief" not in resolver.cluster_spec().as_dict()))
 
 
 class Trainer:
@@ -85,19 +73,13 @@ class Trainer:
     self.loops = HostLoops(strategy, self.replica_step)
     self._bn_recomputer = (BNStatisticsRecomputer(self.model, strategy)
                            if cfg.bn_stats == "recompute" else None)
-    self.checkpoints = Checkpoints(cfg, self.model, self.optimizer,
-                                   self.input_batches, self._checkpoint_dir(),
-                                   self.chief)
+    self.checkpoints = Checkpoints(
+        cfg, self.model, self.optimizer, self.input_batches,
+        worker_checkpoint_dir(cfg.model_dir, strategy, self.chief),
+        self.chief)
     self.metrics = MetricsLog(cfg.model_dir, enabled=self.chief)
     self._start_time = time.time()
     self._lost_records = None
-
-  def _checkpoint_dir(self) -> str:
-    if self.chief:
-      return self.cfg.model_dir
-    # Non-chief workers take part in saving but write to a scratch folder.
-    task = self.strategy.cluster_resolver.task_id
-    return os.path.join(self.cfg.model_dir, f".worker_{task}_scratch")
 
   @property
   def step(self) -> int:
@@ -163,8 +145,8 @@ class Trainer:
 
     Raises preemption.Preempted after checkpointing when any worker got
     SIGTERM, preemption.WorkerLost when a peer worker failed, and
-    NonFiniteLossError, without saving, on a NaN/Inf loss or gradient unless
-    cfg.skip_nonfinite_steps.
+    loop_report.NonFiniteLossError, without saving, on a NaN/Inf loss or
+    gradient unless cfg.skip_nonfinite_steps.
     """
     self._start_time = time.time()
     self._lost_records = lost_records
@@ -223,7 +205,8 @@ class Trainer:
       t0 = time.time()
       result = self._host_loop(train_iter, n, micro_batches)
       seconds = time.time() - t0
-      self._check_finite(result, step, n)
+      loop_report.check_finite(result, step, n, cfg.skip_nonfinite_steps,
+                               self.checkpoints.latest)
       step = self.step
       last = self._log_train(result, n * micro_batches, seconds, step,
                              start_step, total)
@@ -256,59 +239,21 @@ class Trainer:
     self.input_batches.assign_add(num_steps * micro_batches)
     return result
 
-  def _check_finite(self, result: LoopResult, first_step: int,
-                    num_steps: int) -> None:
-    """Raises NonFiniteLossError, or logs the steps that were skipped."""
-    if not result.nonfinite_steps:
-      return
-    loop = f"host loop of steps {first_step + 1}-{first_step + num_steps}"
-    if self.cfg.skip_nonfinite_steps:
-      logging.warning("Skipped %d step(s) with NaN/Inf loss or gradients in "
-                      "the %s (--skip_nonfinite_steps): not applied.",
-                      result.nonfinite_steps, loop)
-      return
-    latest = self.checkpoints.latest()
-    raise NonFiniteLossError(
-        "Loss or gradients are NaN/Inf at step "
-        f"{first_step + result.first_nonfinite + 1} ({loop}). Stopped "
-        "without saving; the last good checkpoint is "
-        f"{latest or 'none (none was written yet)'} and stays the latest. "
-        "Restart to resume from it (e.g. with a lower --base_learning_rate "
-        "or --precision=float32), or set --skip_nonfinite_steps to skip such "
-        "steps.")
-
   def _log_train(self, result: LoopResult, batches: int, seconds: float,
                  step: int, start_step: int, total: int) -> dict:
     elapsed = time.time() - self._start_time
-    done = step - start_step
-    eta = elapsed / done * (total - step) if done else math.nan
-    images_per_sec = batches * self.cfg.global_batch_size / seconds
-    lr = float(tf.convert_to_tensor(self.optimizer.learning_rate))
-    record = {"step": step, "split": "train", "loss": result.loss,
-              "top1": result.top1, "top5": result.top5,
-              "examples": result.examples, "images_per_sec": images_per_sec,
-              "elapsed_s": elapsed, "learning_rate": lr,
-              "undecodable_images": result.undecodable_images,
-              "skipped_steps": result.nonfinite_steps,
-              # Raises under --on_corrupt_shard=fail.
-              "lost_records": (self._lost_records.take()
-                               if self._lost_records else 0)}
+    record = loop_report.train_record(
+        result, step, total,
+        images_per_sec=batches * self.cfg.global_batch_size / seconds,
+        elapsed_s=elapsed,
+        eta_s=loop_report.eta_seconds(elapsed, step - start_step,
+                                      total - step),
+        learning_rate=float(tf.convert_to_tensor(
+            self.optimizer.learning_rate)),
+        # Raises under --on_corrupt_shard=fail.
+        lost_records=(self._lost_records.take() if self._lost_records
+                      else 0))
     self.metrics.write(record)
-    if result.undecodable_images:
-      logging.warning("Skipped %d undecodable image(s) in the steps up to %d "
-                      "(counted in metrics.jsonl as undecodable_images).",
-                      result.undecodable_images, step)
-    logging.info("step %d/%d: loss %.4f top-1 %.4f lr %.4g %.1f images/s "
-                 "ETA %s", step, total, result.loss, result.top1, lr,
-                 images_per_sec, _format_seconds(eta))
     if self._loop_callback:
       self._loop_callback(record)
     return record
-
-
-def _format_seconds(seconds: float) -> str:
-  if math.isnan(seconds):
-    return "?"
-  minutes, secs = divmod(int(seconds), 60)
-  hours, minutes = divmod(minutes, 60)
-  return f"{hours}:{minutes:02d}:{secs:02d}"

@@ -40,7 +40,7 @@ def test_imagenets_1024_file_layout_is_imagenets_count_without_reading(
 
 
 def test_warm_up_and_decays_beyond_the_run_are_warned_with_the_peak_lr():
-  # The run of issue 22: ImageNet's count for a 4,000-image set.
+  # A small set (4,000 images) trained with ImageNet's image count.
   cfg = _config(num_train_images=1281167, train_steps=250,
                 global_batch_size=64, base_learning_rate=0.1,
                 warmup_epochs=5, lr_schedule="step")

@@ -21,6 +21,7 @@ import tensorflow as tf
 from tensorflow.python.checkpoint import checkpoint_management
 
 from conftest import cpu_strategy
+from resnet_tpu import loop_report
 from resnet_tpu import preemption
 from resnet_tpu import trainer as trainer_lib
 from resnet_tpu.config import ConfigError
@@ -234,7 +235,7 @@ def test_nan_loss_stops_naming_the_step_and_keeps_last_good_checkpoint(
   trainer = _trainer(
       _config(tmp_path, train_steps=6, steps_per_loop=2,
               checkpoint_every_steps=2), cpu_strategy(2))
-  with pytest.raises(trainer_lib.NonFiniteLossError,
+  with pytest.raises(loop_report.NonFiniteLossError,
                      match=r"at step 5 .*ckpt-4 and stays the latest"):
     trainer.fit(_dataset_fn(images, labels))
   assert tf.train.latest_checkpoint(tmp_path).endswith("ckpt-4")

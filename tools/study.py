@@ -1,4 +1,4 @@
-r"""The papers' central claims at laptop scale, on real photos (issue 21).
+r"""The papers' central claims at laptop scale, on real photos.
 
   python -m tools.study [--studies=a,b,c] [--smoke | --full] \
       [--image_dir=D] [--estimate_only]
