@@ -108,10 +108,17 @@ def test_committed_report_is_the_rendering_of_the_committed_run():
       "bench_results/REPORT.md is stale: python -m tools.bench_report")
 
 
-def test_bench_results_holds_one_run():
+def test_bench_results_holds_one_run_and_the_studies():
   names = set(os.listdir(os.path.join(ROOT, "bench_results")))
-  assert not any(os.path.isdir(os.path.join(ROOT, "bench_results", n))
-                 for n in names), names
+  folders = {n for n in names
+             if os.path.isdir(os.path.join(ROOT, "bench_results", n))}
+  assert folders <= {"studies"}, folders  # make study's output
+  studies = os.path.join(ROOT, "bench_results", "studies")
+  if "studies" in folders:
+    assert set(os.listdir(studies)) <= {
+        study + ext for study in ("a_distributed_bn", "b_large_batch",
+                                  "c_batch_size_control")
+        for ext in (".md", ".json", ".png")}, os.listdir(studies)
   assert {"REPORT.md", "summary.json", "train.json", "train.md",
           "bn_groups.json", "bn_groups.md", "input.json", "input.md",
           "allreduce_sim.json", "allreduce_sim.md"} <= names

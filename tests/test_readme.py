@@ -2,6 +2,7 @@
 checked against the tree (flags, flagfiles, the paper map, the module list,
 make targets)."""
 import ast
+import json
 import os
 import re
 
@@ -93,3 +94,43 @@ def test_quickstart_targets_exist():
   quickstart = _section("Quickstart")
   assert "make demo" in quickstart and "make test" in quickstart
   assert "make test" in _read(".ci/run")
+
+
+def _study_figures() -> tuple[set[str], list[dict]]:
+  """Every figure the committed studies measured, as the README prints them:
+  top-1 % (mean, min, max, and the gap between two means) and steps/s."""
+  studies = []
+  folder = os.path.join(ROOT, "bench_results", "studies")
+  for name in sorted(os.listdir(folder)):
+    if name.endswith(".json"):
+      with open(os.path.join(folder, name)) as f:
+        studies.append(json.load(f))
+  figures = set()
+  for study in studies:
+    means = [p["top1_mean"] for p in study["points"]]
+    for p in study["points"]:
+      figures |= {f"{100 * p[k]:.1f}" for k in ("top1_mean", "top1_min",
+                                                "top1_max")}
+      figures.add(f"{p['steps_per_sec']:.2f}")
+    figures |= {f"{100 * abs(a - b):.1f}" for a in means for b in means}
+  return figures, studies
+
+
+def test_results_on_real_data_quote_only_what_the_committed_studies_measured():
+  section = _section("Results on real data")
+  figures, studies = _study_figures()
+  assert len(studies) == 3
+  for study in studies:
+    assert f"Run {study['date']}" in section
+    assert study["machine"].split(",")[1].strip() in section  # "2 cores"
+    assert f"TensorFlow {tf_version(study)}" in section
+  rows = "\n".join(line for line in section.splitlines()
+                   if line.startswith("| ") and "---" not in line)
+  quoted = re.findall(r"\d+\.\d+", re.sub(r"§\d+(\.\d+)?", "", rows))
+  assert quoted and not [q for q in quoted if q not in figures], (
+      "README quotes figures no committed study measured: "
+      f"{[q for q in quoted if q not in figures]}")
+
+
+def tf_version(study: dict) -> str:
+  return re.search(r"TensorFlow (\S+),", study["machine"]).group(1)
