@@ -4,6 +4,13 @@ A TPU or GPU run that starts on the wrong TensorFlow build fails minutes
 later, deep inside start-up ("No OpKernel was registered to support Op
 'ConfigureDistributedTPU'"). These checks run first, in milliseconds, and
 name the installed package and the command that fixes it.
+
+The TPU build is told apart by a kernel only it registers:
+`_ConfigureDistributedTPU` on the TPU_SYSTEM device, which
+DistributedTPURewritePass puts in place of the public
+`ConfigureDistributedTPU` that `tpu.initialize_system` builds (that one has
+no kernel in any build; tensorflow/tensorflow
+core/tpu/kernels/tpu_configuration_ops.cc).
 """
 import importlib.metadata
 import platform
@@ -18,8 +25,9 @@ from resnet_tpu.config import ConfigError
 # Distributions that provide the `tensorflow` module, most specific first.
 TENSORFLOW_DISTRIBUTIONS = ("tensorflow-tpu", "tf-nightly-tpu",
                             "tensorflow-cpu", "tensorflow", "tf-nightly")
-# An op whose kernel only TPU builds register.
-TPU_SYSTEM_OP = "ConfigureDistributedTPU"
+# The op and device of a kernel that only TPU builds register.
+TPU_SYSTEM_OP = "_ConfigureDistributedTPU"
+TPU_SYSTEM_DEVICE = "TPU_SYSTEM"
 TPU_REPAIR = ("pip uninstall -y tensorflow tensorflow-cpu tensorflow-tpu "
               "libtpu && pip install -r requirements-tpu.txt")
 GPU_REPAIR = ("pip uninstall -y tensorflow tensorflow-cpu tensorflow-tpu && "
@@ -40,14 +48,20 @@ def installed_tensorflow() -> str:
   return ", ".join(found) or f"tensorflow {tf.__version__} (no package data)"
 
 
+def is_tpu_build() -> bool:
+  """Whether the TensorFlow loaded here is a TPU build (tensorflow-tpu)."""
+  return compat.has_kernel(TPU_SYSTEM_OP, TPU_SYSTEM_DEVICE)
+
+
 def require_tpu_support() -> None:
   """ConfigError unless this TensorFlow build can drive a TPU."""
-  if compat.has_kernel(TPU_SYSTEM_OP):
+  if is_tpu_build():
     return
   raise ConfigError(
       "--tpu/--strategy=tpu: the installed TensorFlow "
-      f"({installed_tensorflow()}) has no TPU support (no {TPU_SYSTEM_OP} kernel). On a TPU VM "
-      f"install requirements-tpu.txt alone: {TPU_REPAIR}")
+      f"({installed_tensorflow()}) has no TPU support (no {TPU_SYSTEM_OP} "
+      f"kernel on {TPU_SYSTEM_DEVICE}). On a TPU VM install "
+      f"requirements-tpu.txt alone: {TPU_REPAIR}")
 
 
 def require_gpu() -> None:

@@ -5,6 +5,7 @@ Strategy: scope, run, reduce, distributed datasets); on TPU the BN groups of
 the placement come with it (`Distribution`).
 """
 import dataclasses
+import importlib.util
 import json
 import os
 
@@ -32,23 +33,61 @@ def configure_cpu_replicas(num_replicas: int) -> list[str]:
 class Distribution:
   """A strategy and the groups of its distributed BN: on TPU the compact
   tiles of its placement (tpu_layout.py), elsewhere None (replicas
-  [k*g, (k+1)*g))."""
+  [k*g, (k+1)*g)); on TPU also the slice's Topology, as
+  initialize_tpu_system returned it."""
   strategy: tf.distribute.Strategy
   bn_groups: list[list[int]] | None = None
+  tpu_topology: tf.tpu.experimental.Topology | None = None
+
+
+# What TPUClusterResolver needs to look a TPU up by name in TensorFlow 2.19
+# (tensorflow/python/tpu/client/client.py): the Cloud TPU API's client.
+CLOUD_TPU_API_MODULES = ("googleapiclient", "oauth2client")
+
+
+def require_cloud_tpu_api(tpu: str) -> None:
+  """ConfigError when --tpu names a TPU (not 'local' or grpc://) and the
+  Cloud TPU API client that resolves names is not installed."""
+  if tpu == "local" or tpu.startswith("grpc://"):
+    return
+  missing = [m for m in CLOUD_TPU_API_MODULES
+             if importlib.util.find_spec(m) is None]
+  if missing:
+    raise ConfigError(
+        f"--tpu={tpu}: a TPU named by the Cloud TPU API (a multi-host pod "
+        f"slice, run on worker 0) needs {' and '.join(missing)}: pip install "
+        "-r requirements-tpu-pod.txt. On a single-host TPU VM pass "
+        "--tpu=local.")
+
+
+def _initialize_tpu(tpu: str):
+  """The resolver and Topology of `tpu`; ConfigError when none is found."""
+  require_cloud_tpu_api(tpu)
+  resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
+  tf.config.experimental_connect_to_cluster(resolver)
+  try:
+    return resolver, tf.tpu.experimental.initialize_tpu_system(resolver)
+  except tf.errors.NotFoundError as e:
+    runtime = ("PJRT" if os.environ.get("PJRT_DEVICE") == "TPU"
+               else "StreamExecutor")
+    raise ConfigError(
+        f"--tpu={tpu}: no TPU was found. TensorFlow ({runtime} runtime) "
+        "looked for the TPU_SYSTEM device of TPUClusterResolver"
+        f"(tpu={tpu!r}) and found none ({str(e).splitlines()[0]}). Run on "
+        "a TPU VM (single host: --tpu=local; a pod slice: worker 0, "
+        "--tpu=<TPU name>); see README 'Running on a TPU VM'.") from None
 
 
 def _tpu_strategy(tpu: str, bn_group_size: int, log_topology: bool,
                   device_assignment_kind: str = "default") -> Distribution:
-  resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
-  tf.config.experimental_connect_to_cluster(resolver)
-  slice_topology = tf.tpu.experimental.initialize_tpu_system(resolver)
+  resolver, slice_topology = _initialize_tpu(tpu)
   assignment, layout = tpu_layout.tpu_device_assignment(
       slice_topology, device_assignment_kind, bn_group_size, log_topology)
   strategy = tf.distribute.TPUStrategy(
       resolver, experimental_device_assignment=assignment)
   tpu_layout.check_replica_devices(slice_topology, layout,
                                    strategy.extended.worker_devices)
-  return Distribution(strategy, layout.group_assignment)
+  return Distribution(strategy, layout.group_assignment, slice_topology)
 
 
 def resolve_kind(kind: str, tpu: str) -> str:
