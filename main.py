@@ -17,17 +17,22 @@ from absl import logging
 
 from resnet_tpu import flags as resnet_flags
 from resnet_tpu import process_setup
+from resnet_tpu import tpu_runtime
+from resnet_tpu.config import ConfigError
 
 resnet_flags.define_flags()
 FLAGS = flags.FLAGS
 
 
 def set_up_process() -> str:
-  """Chooses TensorFlow's logs and CPU kernels from the parsed flags, before
-  TensorFlow loads; says what it chose."""
+  """Chooses TensorFlow's logs, CPU kernels and TPU runtime from the parsed
+  flags, before TensorFlow loads; says what it chose."""
   process_setup.quiet_tensorflow_logs()
-  return process_setup.apply_cpu_kernel_choice(
-      FLAGS.cpu_onednn, process_setup.startup_kind(FLAGS.strategy, FLAGS.tpu))
+  kind = process_setup.startup_kind(FLAGS.strategy, FLAGS.tpu)
+  runtime = tpu_runtime.apply(FLAGS.tpu_runtime, kind)
+  if runtime:
+    logging.info("%s", runtime)
+  return process_setup.apply_cpu_kernel_choice(FLAGS.cpu_onednn, kind)
 
 
 def main(argv: list[str], model_fn=None) -> None:
@@ -35,13 +40,15 @@ def main(argv: list[str], model_fn=None) -> None:
   ResNet (trainer.ModelFn)."""
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  chosen = set_up_process()
+  try:
+    chosen = set_up_process()
+  except ConfigError as error:
+    sys.exit(f"main.py: error: {error}")
   # pylint: disable=g-import-not-at-top  (after set_up_process)
   import tensorflow as tf
 
   from resnet_tpu import cpu_kernels
   from resnet_tpu import preemption
-  from resnet_tpu.config import ConfigError
   from resnet_tpu.run import run
   # pylint: enable=g-import-not-at-top
   logging.info("CPU kernels: %s; TensorFlow runs oneDNN's: %s", chosen,

@@ -17,6 +17,7 @@ PRECISIONS = ("float32", "bfloat16")
 BFLOAT16_CONV_KERNELS = ("auto", "native", "float32")
 STRATEGIES = ("auto", "tpu", "gpu", "cpu", "multi_worker")
 TPU_DEVICE_ASSIGNMENTS = ("default", "ring")
+TPU_RUNTIMES = ("auto", "pjrt", "stream_executor")
 BN_STATS = ("moving_average", "recompute")
 BN_ALL_REDUCE = ("auto", "collective", "masked")
 GRADIENT_ALL_REDUCE = ("auto", "ring", "2d", "2d_ying")
@@ -66,6 +67,7 @@ class TrainConfig:
   gradient_all_reduce: str = "auto"
   all_reduce_grid: str = ""
   tpu_device_assignment: str = "default"
+  tpu_runtime: str = "auto"  # read before TensorFlow loads (tpu_runtime.py)
   log_topology: bool = False
   # Schedule of the run.
   global_batch_size: int = 1024
@@ -232,6 +234,7 @@ CHOICES: dict[str, tuple] = {
     "bfloat16_conv_kernels": BFLOAT16_CONV_KERNELS,
     "strategy": STRATEGIES,
     "tpu_device_assignment": TPU_DEVICE_ASSIGNMENTS,
+    "tpu_runtime": TPU_RUNTIMES,
     "bn_stats": BN_STATS,
     "bn_all_reduce": BN_ALL_REDUCE,
     "gradient_all_reduce": GRADIENT_ALL_REDUCE,

@@ -61,6 +61,10 @@ HELP = {
                              "compact tiles; resnet_tpu/topology.py). "
                              "Either way BN groups are compact tiles of the "
                              "placement in use.",
+    "tpu_runtime": "TPU runtime: auto (PJRT on v5e, v5p and v6e, "
+                   "StreamExecutor on v2-v4, from TPU_ACCELERATOR_TYPE or the "
+                   "chips' device files), pjrt or stream_executor "
+                   "(resnet_tpu/tpu_runtime.py).",
     "log_topology": "Log the TPU replica order and BN tiles at start-up.",
     "global_batch_size": "Images per training step over all replicas (the "
                          "micro-batch when --batch_size_schedule is set).",

@@ -35,7 +35,11 @@ FLAGS_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "flags")
 FLAGFILES = sorted(glob.glob(os.path.join(FLAGS_DIR, "*.cfg")))
 RECIPES = ("ying2018_v3-1024.cfg", "mikami2018_abci_2176gpu.cfg",
            "akiba2017_32k.cfg", "goyal2017_8k.cfg", "v3-8.cfg", "v4-8.cfg",
-           "v3-32.cfg", "gpu_8x.cfg", "cpu_demo.cfg")
+           "v3-32.cfg", "v5e-8.cfg", "v6e-8.cfg", "gpu_8x.cfg",
+           "cpu_demo.cfg")
+# The most TPU replicas one TPU VM host drives (a v2/v3 host: 8 cores).
+ONE_HOST_TPU_REPLICAS = 8
+README = os.path.join(os.path.dirname(FLAGS_DIR), "README.md")
 REPLICAS_LINE = re.compile(r"^# replicas: (\d+)$", re.MULTILINE)
 FLAG_LINE = re.compile(r"^--\w+=\S*$")
 # Toy runs: 2 replicas x 4 images a micro-batch, 16 images an epoch. Batch-
@@ -145,6 +149,32 @@ def test_flagfile_recipe_trains_2_steps_on_2_cpu_replicas(path, train_toy):
   last_batch = toy.clock.global_batch_at_step(1)
   assert last_batch == (32 if toy.batch_size_schedule else TINY_BATCH)
   assert train[-1]["examples"] == last_batch
+
+
+@pytest.mark.parametrize("path", FLAGFILES, ids=os.path.basename)
+def test_tpu_flagfiles_follow_the_route_tensorflow_documents(path):
+  """One host: --tpu=local on that TPU VM. A pod slice: one process on
+  worker 0 with --tpu=$TPU_NAME (TensorFlow on TPU VMs is single-
+  controller), which README's "Pod slices" tells the same way."""
+  cfg = parse_flagfile(path)
+  if cfg.strategy != "tpu":
+    return
+  with open(path) as f:
+    header = f.read()
+  if replicas_of(path, cfg) <= ONE_HOST_TPU_REPLICAS:
+    assert cfg.tpu == "local"
+    return
+  assert cfg.tpu == "", f"{path}: a pod slice is named on the command line"
+  for said in ("worker 0 only", "--tpu=$TPU_NAME", "requirements-tpu-pod.txt",
+               "tpu-vm-tf-*-pod"):
+    assert said in header, f"{path} does not say {said!r}"
+  with open(README) as f:
+    readme = f.read()
+  pod = readme[readme.index("#### Pod slices"):]
+  pod = pod[:pod.index("\n##")]
+  for said in ("worker 0", "--tpu=$TPU_NAME", "requirements-tpu-pod.txt",
+               "tpu-vm-tf-", os.path.basename(path)):
+    assert said in pod, f"README's Pod slices section does not say {said!r}"
 
 
 def test_unknown_flag_in_a_flagfile_fails_parsing(tmp_path):
