@@ -76,8 +76,11 @@ class DistributedBatchNormalization(keras.layers.BatchNormalization):
         self.groups)
 
   def build(self, input_shape):
-    # Moving statistics are written from every replica; aggregation="mean"
-    # keeps them identical on all replicas (the mean of the group updates).
+    # Moving statistics: replica 0's update is kept (only_first_replica),
+    # with no all-reduce per variable and step, as the TPU references keep
+    # and save replica 0's copy. On one host every replica then holds
+    # replica 0's; a worker of several holds its first replica's between
+    # restores, and the chief saves replica 0's.
     shape = (input_shape[self.axis],)
     if self.scale:
       self.gamma = self.add_weight(
@@ -90,11 +93,11 @@ class DistributedBatchNormalization(keras.layers.BatchNormalization):
     self.moving_mean = self.add_weight(
         shape=shape, name="moving_mean",
         initializer=self.moving_mean_initializer, trainable=False,
-        autocast=False, aggregation="mean")
+        autocast=False, aggregation="only_first_replica")
     self.moving_variance = self.add_weight(
         shape=shape, name="moving_variance",
         initializer=self.moving_variance_initializer, trainable=False,
-        autocast=False, aggregation="mean")
+        autocast=False, aggregation="only_first_replica")
     self.input_spec = keras.layers.InputSpec(
         ndim=len(input_shape), axes={self.axis: input_shape[self.axis]})
     axes = list(range(len(input_shape)))

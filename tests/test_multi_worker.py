@@ -75,7 +75,9 @@ def _wait(processes, tmp_path, deadline: float) -> None:
 def test_4_loopback_workers_match_a_4_replica_mirrored_run(tmp_path):
   deadline = time.time() + DEADLINE_S
   keras.utils.set_random_seed(0)
-  initial = build_model(worker.config(str(tmp_path))).get_weights()
+  model = build_model(worker.config(str(tmp_path)))
+  initial = model.get_weights()
+  trainable = [w.trainable for w in model.weights]
   init_path = tmp_path / "init.npz"
   np.savez(init_path, *initial)
   processes = _start_workers(tmp_path, init_path)
@@ -95,6 +97,10 @@ def test_4_loopback_workers_match_a_4_replica_mirrored_run(tmp_path):
   for task in range(WORKERS):
     with np.load(tmp_path / f"weights_{task}.npz") as got:
       for k, want in enumerate(expected):
+        if task and not trainable[k]:
+          # Moving statistics: each worker keeps its first replica's; the
+          # chief's (replica 0's) are the ones saved, as on TPUs.
+          continue
         # Float32 sums in another order (4 processes vs one), amplified by
         # the LR of 8 over 3 steps: a few weights differ by ~1e-5.
         np.testing.assert_allclose(got[f"arr_{k}"], want, rtol=1e-4,
