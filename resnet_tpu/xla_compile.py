@@ -46,11 +46,13 @@ class XlaCompileError(RuntimeError):
 class CompiledStep:
   """The proof that a step compiled.
 
-  hlo: the HLO module text of the whole step (one device); lower_seconds:
-  the time to lower it; outputs and run_seconds: the per-replica outputs of
-  one compiled run and its time (backend compile included), when run.
+  hlo: the HLO module text of the whole step (one device); target: the
+  device or platform it was lowered for; lower_seconds: the time to lower
+  it; outputs and run_seconds: the per-replica outputs of one compiled run
+  and its time (backend compile included), when run.
   """
   hlo: str
+  target: str
   lower_seconds: float
   outputs: Any = None
   run_seconds: float = 0.0
@@ -78,32 +80,38 @@ def jit_replica_step(strategy: tf.distribute.Strategy,
 
 
 def compile_replica_step(strategy: tf.distribute.Strategy, step_fn: Callable,
-                         args: Sequence = (), run: bool = False
-                         ) -> CompiledStep:
+                         args: Sequence = (), run: bool = False,
+                         platform: str | None = None) -> CompiledStep:
   """Lowers one replica step to HLO with XLA (and runs it once if `run`).
 
   `strategy` has one replica; `step_fn(*args)` is a replica step (e.g.
   train_step.ReplicaStep.train) whose variables were created under
-  `strategy.scope()`. A run applies the step: it changes the model and
+  `strategy.scope()`. The step is lowered for the strategy's device, named
+  explicitly, or, given `platform` (e.g. "TPU"), as TensorFlow would lower
+  it for that platform's XLA device: tensorflow-tpu lowers for "TPU" on a
+  host without one. A run applies the step: it changes the model and
   optimizer like any training step. Raises XlaCompileError when XLA cannot
   compile the step.
   """
   step = jit_replica_step(strategy, step_fn)
+  device = strategy.extended.worker_devices[0]
+  target = {"platform_name": platform} if platform else {"device_name": device}
   start = time.perf_counter()
   try:
-    hlo = step.experimental_get_compiler_ir(*args)(stage="hlo")
+    hlo = step.experimental_get_compiler_ir(*args)(stage="hlo", **target)
   except ValueError as e:
     if not str(e).startswith(_HLO_FAILURE_PREFIX):
       raise  # a Python error while tracing: not XLA's
     raise XlaCompileError(str(e)[len(_HLO_FAILURE_PREFIX):].strip("'"),
                           "hlo") from e
   lower_seconds = time.perf_counter() - start
+  target = platform or device
   if not run:
-    return CompiledStep(hlo, lower_seconds)
+    return CompiledStep(hlo, target, lower_seconds)
   start = time.perf_counter()
   try:
     outputs = tf.nest.map_structure(lambda t: t.numpy(), step(*args))
   except tf.errors.OpError as e:
     raise XlaCompileError(e.message, "run") from e
-  return CompiledStep(hlo, lower_seconds, outputs,
+  return CompiledStep(hlo, target, lower_seconds, outputs,
                       time.perf_counter() - start)
