@@ -1,18 +1,18 @@
 # resnet-tpu: `make demo` and `make test` work on a fresh machine (they create
-# .venv from requirements.txt first).
+# .venv from requirements.txt and requirements-dev.txt first).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 DEMO_DATA := demo_data
 DEMO_RUN := runs/demo
 
-.PHONY: venv test test-dev test-compat check-requirements demo bench \
+.PHONY: venv test test-dev test-tpu-build check-requirements demo bench \
 	bench-collectives bench-cpu-kernels profile-ops accelerator-check study clean
 
-$(VENV)/.installed: requirements.txt
+$(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet -r requirements.txt -r requirements-dev.txt
 	touch $@
 
 venv: $(VENV)/.installed
@@ -29,27 +29,36 @@ test: venv
 test-dev: venv
 	$(PY) -m pytest -q --durations=15 tests/dev
 
-# The core of the suite on TensorFlow 2.19.1 and the Keras of
-# requirements-tpu.txt (requirements-compat.txt, the TPU wheel's CPU twin):
-# the private TF and Keras APIs, distributed BN, collectives, optimizers,
-# schedules, trainer equivalence, exact resume, main.py and export.
-COMPAT_PYTHON ?= $(PYTHON)
-COMPAT_VENV := .venv-tf219
-COMPAT_PY := $(COMPAT_VENV)/bin/python
-COMPAT_TESTS := tests/test_compat.py tests/test_distributed_batch_norm.py \
+# The suite's TPU-build half on the wheel TPU users install: exactly
+# requirements-tpu.txt (tensorflow-tpu 2.19.1, libtpu 0.0.10, Keras 3.12.4)
+# plus requirements-dev.txt, on Python 3.10 where CI finds it. libtpu is not
+# loaded and never asks a cloud metadata server (TPU_LOAD_LIBRARY=0,
+# TPU_SKIP_MDS_QUERY=1), and where this user may, the run has no network but
+# loopback (unshare -n). pip's cache keeps the wheels between runs.
+TPU_PYTHON ?= $(PYTHON)
+TPU_VENV := .venv-tpu
+TPU_PY := $(TPU_VENV)/bin/python
+TPU_BUILD_TESTS := tests/test_tpu_build.py tests/test_tpu_runtime.py \
+    tests/test_compat.py tests/test_distributed_batch_norm.py \
     tests/test_bn_all_reduce.py tests/test_gradient_all_reduce.py \
     tests/test_lars.py tests/test_rmsprop_warmup.py tests/test_schedules.py \
     tests/test_trainer.py tests/test_resume_exact.py tests/test_main.py \
-    tests/test_export.py tests/test_config.py
+    tests/test_export.py tests/test_config.py tests/test_topology.py
+TPU_ENV := TPU_LOAD_LIBRARY=0 TPU_SKIP_MDS_QUERY=1
+OFFLINE := $(shell unshare -n true 2>/dev/null && \
+    echo "unshare -n sh -c 'ip link set lo up 2>/dev/null; exec \"\$$@\"' --")
 
-$(COMPAT_VENV)/.installed: requirements-compat.txt
-	$(COMPAT_PYTHON) -m venv $(COMPAT_VENV)
-	$(COMPAT_PY) -m pip install --quiet --upgrade pip
-	$(COMPAT_PY) -m pip install --quiet -r requirements-compat.txt
+$(TPU_VENV)/.installed: requirements-tpu.txt requirements-dev.txt
+	$(TPU_PYTHON) -m venv $(TPU_VENV)
+	$(TPU_PY) -m pip install --quiet --upgrade pip
+	$(TPU_PY) -m pip install --quiet -r requirements-tpu.txt \
+	    -r requirements-dev.txt
 	touch $@
 
-test-compat: $(COMPAT_VENV)/.installed
-	$(COMPAT_PY) -m pytest -q --durations=10 $(COMPAT_TESTS)
+test-tpu-build: $(TPU_VENV)/.installed
+	$(TPU_PY) -m pip list 2>/dev/null | grep -E '^(tensorflow(-tpu|-cpu)?|libtpu|keras) '
+	env $(TPU_ENV) $(OFFLINE) $(TPU_PY) -m pytest -q -n $(TEST_WORKERS) \
+	    --dist loadfile --durations=10 $(TPU_BUILD_TESTS)
 
 # pip resolves every requirements*.txt for the lowest and highest Python it
 # claims. Installs nothing, but downloads each TensorFlow wheel (a few GB in

@@ -42,7 +42,7 @@ _PIN = re.compile(r"^([A-Za-z0-9._-]+)(\[[A-Za-z0-9_,.-]+\])?==([^\s;#]+)$")
 def requirement_files() -> list[str]:
   """Paths of the repository's requirements*.txt, sorted."""
   return sorted(os.path.join(REPO, f) for f in os.listdir(REPO)
-                if re.fullmatch(r"requirements(-[a-z0-9]+)?\.txt", f))
+                if re.fullmatch(r"requirements(-[a-z0-9-]+)?\.txt", f))
 
 
 def read_pins(path: str) -> dict:

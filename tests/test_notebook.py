@@ -1,9 +1,13 @@
 """colab_demo.ipynb runs top to bottom on CPU with its tiny settings."""
+import glob
 import json
 import os
+import shutil
+import subprocess
 
 import nbclient
 import nbformat
+import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(REPO, "colab_demo.ipynb")
@@ -33,3 +37,42 @@ def test_notebook_trains_exports_evaluates_and_classifies_on_cpu(
                     if cell.cell_type == "code" for o in cell.outputs)
   assert "Requirements: nothing to install (requirements.txt)." in outputs
   assert "No TPU: training on CPU replicas" in outputs
+
+
+def _install_cell() -> str:
+  notebook = nbformat.read(NOTEBOOK, as_version=4)
+  return next(c.source for c in notebook.cells if c.cell_type == "code"
+              and "def colab_tpu()" in c.source)
+
+
+def _python(version: str) -> str | None:
+  """A CPython `version` interpreter (pyenv's included), or None."""
+  root = os.path.expanduser("~/.pyenv/versions")
+  for path in sorted(glob.glob(os.path.join(root, f"{version}.*", "bin",
+                                            "python3"))) + [
+                                                shutil.which(f"python{version}")]:
+    if path and subprocess.run([path, "-c", ""],
+                               capture_output=True).returncode == 0:
+      return path
+  return None
+
+
+@pytest.mark.parametrize("version,stops", [("3.13", True), ("3.12", False)])
+def test_the_tpu_install_cell_checks_the_python_before_installing(
+    version, stops):
+  """On a TPU runtime of Colab's default Python 3.13 the cell stops with
+  what to pick instead; on 3.12 it goes on (here: nothing to install)."""
+  python = _python(version)
+  if python is None:
+    pytest.skip(f"no Python {version} on this machine")
+  env = dict(os.environ, COLAB_TPU_ADDR="10.0.0.2:8470",
+             RESNET_TPU_SKIP_INSTALL="1")
+  done = subprocess.run([python, "-c", _install_cell()], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=60)
+  if stops:
+    assert done.returncode == 1
+    assert "tensorflow-tpu 2.19.1 needs 3.10-3.12" in done.stderr
+    assert "Python 3.12" in done.stderr and "Installing" not in done.stdout
+  else:
+    assert done.returncode == 0, done.stderr
+    assert "nothing to install (requirements-tpu.txt)" in done.stdout

@@ -89,7 +89,7 @@ def test_each_of_ying_sections_3_1_to_3_3_has_one_home():
 
 def test_quickstart_targets_exist():
   makefile = _read("Makefile")
-  for target in ("demo", "test", "bench", "test-compat"):
+  for target in ("demo", "test", "bench", "test-tpu-build"):
     assert re.search(rf"^{target}:", makefile, re.M), target
   quickstart = _section("Quickstart")
   assert "make demo" in quickstart and "make test" in quickstart

@@ -19,6 +19,13 @@ FILES = {os.path.basename(p): wheel_metadata.read_pins(p)
 WHEELS = wheel_metadata.load()
 TENSORFLOWS = ("tensorflow", "tensorflow-cpu", "tensorflow-tpu",
                "tensorflow-intel")
+# One file per target, each with its TensorFlow; add-ons are installed
+# beside the targets named here and pin no TensorFlow.
+TARGETS = ("requirements-gpu.txt", "requirements-tpu.txt", "requirements.txt")
+ADD_ONS = {"requirements-dev.txt": ("requirements.txt",
+                                    "requirements-tpu.txt"),
+           "requirements-lint.txt": (),
+           "requirements-tpu-pod.txt": ("requirements-tpu.txt",)}
 
 
 def _pythons(name: str) -> list[str]:
@@ -57,9 +64,31 @@ def _tensorflow(name: str) -> str:
   return found[0]
 
 
-def test_there_is_one_requirements_file_per_target():
-  assert sorted(FILES) == ["requirements-compat.txt", "requirements-gpu.txt",
-                           "requirements-tpu.txt", "requirements.txt"]
+def test_there_is_one_requirements_file_per_target_and_add_on():
+  assert set(TARGETS) <= set(FILES) <= set(TARGETS) | set(ADD_ONS)
+  for add_on in set(FILES) & set(ADD_ONS):
+    assert not set(FILES[add_on]["pins"]) & set(TENSORFLOWS), add_on
+
+
+def _combined(add_on: str, target: str) -> dict:
+  """The pins and Pythons of `add_on` installed beside `target`."""
+  pythons = (SpecifierSet(FILES[add_on]["requires_python"])
+             & SpecifierSet(FILES[target]["requires_python"]))
+  return {"pins": {**FILES[target]["pins"], **FILES[add_on]["pins"]},
+          "requires_python": str(pythons)}
+
+
+@pytest.mark.parametrize("add_on,target", [
+    (a, t) for a, targets in sorted(ADD_ONS.items()) if a in FILES
+    for t in targets])
+def test_every_add_on_installs_beside_its_targets(add_on, target,
+                                                  monkeypatch):
+  assert not set(FILES[add_on]["pins"]) & set(FILES[target]["pins"])
+  combined = f"{add_on}+{target}"
+  monkeypatch.setitem(FILES, combined, _combined(add_on, target))
+  assert set(_pythons(target)) <= set(_pythons(combined)), (
+      f"{add_on} does not cover every Python of {target}")
+  test_every_pin_falls_inside_the_ranges_its_other_pins_declare(combined)
 
 
 @pytest.mark.parametrize("name", sorted(FILES))
@@ -90,7 +119,7 @@ def test_every_pin_falls_inside_the_ranges_its_other_pins_declare(name):
   assert not outside, f"{name}: {sorted(outside)}"
 
 
-@pytest.mark.parametrize("name", sorted(FILES))
+@pytest.mark.parametrize("name", TARGETS)
 def test_every_file_pins_the_keras_tensorboard_numpy_and_libtpu_its_tensorflow_declares(
     name):
   tensorflow = _tensorflow(name)
@@ -123,7 +152,7 @@ def test_tpu_requirements_install_on_the_python_3_10_of_tpu_vm_images():
   assert "3.10" in _pythons("requirements-tpu.txt")
 
 
-@pytest.mark.parametrize("name", sorted(FILES))
+@pytest.mark.parametrize("name", TARGETS)
 def test_no_file_installs_a_second_tensorflow_beside_its_own(name):
   tensorflow = _tensorflow(name)
   pulled = {f"{package} requires {r}" for python in _pythons(name)
@@ -144,14 +173,20 @@ def test_gpu_requirements_are_requirements_txt_with_tensorflows_cuda_extra():
   assert extras == ("and-cuda",)
   assert any("extra ==" in r and "and-cuda" in r
              for r in WHEELS[f"tensorflow=={version}"]["requires_dist"])
-  assert {**gpu["pins"], "tensorflow": (version, ())} == cpu["pins"]
+  runtime = {p: v for p, v in gpu["pins"].items()
+             if not p.startswith("nvidia-")}
+  assert {**runtime, "tensorflow": (version, ())} == cpu["pins"]
   assert gpu["requires_python"] == cpu["requires_python"]
 
 
-def test_compat_requirements_are_the_tpu_pins_with_tensorflow_cpu_for_tensorflow_tpu():
-  tpu, compat = (FILES["requirements-tpu.txt"],
-                 FILES["requirements-compat.txt"])
-  assert compat["pins"]["tensorflow-cpu"] == tpu["pins"]["tensorflow-tpu"]
-  for package in ("keras", "tensorboard", "numpy", "absl-py", "matplotlib"):
-    assert compat["pins"][package] == tpu["pins"][package], package
-  assert compat["requires_python"] == tpu["requires_python"]
+def test_gpu_requirements_pin_every_cuda_wheel_of_the_cuda_extra():
+  """At the lowest version TensorFlow's extra allows: its build's CUDA."""
+  gpu = FILES["requirements-gpu.txt"]["pins"]
+  declared = {canonicalize_name(r.name): r.specifier
+              for package, r in _declared("requirements-gpu.txt", "3.11")
+              if package == "tensorflow" and r.name.startswith("nvidia-")}
+  assert declared and set(declared) == {p for p in gpu
+                                        if p.startswith("nvidia-")}
+  for package, specifier in declared.items():
+    lowest = next(s.version for s in specifier if s.operator == ">=")
+    assert gpu[package][0] == lowest, package
