@@ -243,3 +243,21 @@ def schedule_warnings(cfg: TrainConfig) -> list[str]:
         f"{', '.join(f'{s:,}' for _, _, s in late)}) lie beyond the end of "
         f"{run}.")
   return warnings
+
+
+# At or below this side the ImageNet crop is a poor fit: its smallest box
+# keeps 8% of the area, and small centred objects (digits, clothes) fall out.
+SMALL_IMAGE_SIDE = 64
+IMAGENET_CROP_MIN_AREA = 0.08
+
+
+def input_notes(cfg: TrainConfig) -> list[str]:
+  """Notes on the input settings worth a look, said once at start-up."""
+  if (cfg.use_synthetic_data or cfg.image_size > SMALL_IMAGE_SIDE
+      or cfg.train_crop_min_area > IMAGENET_CROP_MIN_AREA):
+    return []
+  return [f"--image_size={cfg.image_size} with ImageNet's Inception crop "
+          f"(--train_crop_min_area={cfg.train_crop_min_area:g}): a crop "
+          "can keep 8% of a small image and cut a centred object away; "
+          "small images usually train better with a larger "
+          "--train_crop_min_area."]

@@ -83,6 +83,8 @@ def run(cfg: TrainConfig, model_fn: ModelFn | None = None,
                               cfg.learning_rate_scaling, cfg.end_learning_rate)
   for warning in preflight.schedule_warnings(cfg):
     logging.warning("%s", warning)
+  for note in preflight.input_notes(cfg):
+    logging.info("Note: %s", note)
   tf.keras.utils.set_random_seed(cfg.seed)
   distribution = create_strategy(
       cfg.strategy, cfg.tpu, cfg.num_cpu_replicas,

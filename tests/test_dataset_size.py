@@ -99,3 +99,17 @@ def test_the_warm_up_warning_quotes_an_absolute_lr_as_it_is():
                 learning_rate_scaling="none")
   [warm_up, *_] = preflight.schedule_warnings(cfg)
   assert "of the 10 it would reach" in warm_up
+
+
+@pytest.mark.parametrize("image_size,min_area,noted", [
+    (32, 0.08, True), (64, 0.08, True), (96, 0.08, False),
+    (32, 0.35, False)])
+def test_small_images_with_the_imagenet_crop_get_one_note(image_size,
+                                                          min_area, noted):
+  cfg = _config("/data", image_size=image_size,
+                train_crop_min_area=min_area)
+  notes = preflight.input_notes(cfg)
+  assert len(notes) == (1 if noted else 0)
+  if noted:
+    assert f"--image_size={image_size}" in notes[0]
+    assert "--train_crop_min_area" in notes[0]

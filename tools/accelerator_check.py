@@ -87,13 +87,14 @@ def main(argv: list[str]) -> None:
   strategy = distribution.strategy
   device_check.log_start_up(strategy)
   topology = accelerator_report.topology_summary(distribution.tpu_topology)
+  gpus = accelerator_report.gpu_summary() if kind == "gpu" else None
   with tempfile.TemporaryDirectory() as tmp:
     rows = accelerator_report.run_checks(kind, strategy, sizes, tmp,
                                          topology,
                                          FLAGS.min_throughput_ratio)
   result = accelerator_report.report(
       kind, strategy, sizes, topology, rows,
-      dataclasses.asdict(runtime) if runtime else None)
+      dataclasses.asdict(runtime) if runtime else None, gpus)
   print(accelerator_report.table(rows))
   if FLAGS.output:
     with open(FLAGS.output, "w") as f:

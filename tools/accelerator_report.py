@@ -162,16 +162,16 @@ def table(rows: list[checks.Check]) -> str:
 
 def report(kind: str, strategy: tf.distribute.Strategy, sizes: checks.Sizes,
            topology: dict, rows: list[checks.Check],
-           runtime: dict | None = None) -> dict:
+           runtime: dict | None = None, gpus: dict | None = None) -> dict:
   """The JSON of a run: passed unless a row failed (skipped rows do not
-  fail it)."""
+  fail it). `runtime`: the TPU runtime chosen; `gpus`: gpu_summary()."""
   return {"passed": not any(r.result == "FAIL" for r in rows),
           "strategy": kind, "replicas": strategy.num_replicas_in_sync,
           "chips": chips(kind, strategy, topology),
           "tpu_runtime": runtime, "versions": device_check.versions(),
           "devices": list(strategy.extended.worker_devices),
           "topology": topology or None,
-          "gpu": gpu_summary() if kind == "gpu" else None,
+          "gpu": gpus,
           "sizes": dataclasses.asdict(sizes),
           "machine": bench_common.machine(),
           "environment": {k: os.environ[k] for k in (
