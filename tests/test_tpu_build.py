@@ -8,6 +8,7 @@ Each test asserts what its build must do, so neither suite passes by
 skipping the other's half.
 """
 import importlib.metadata
+import importlib.util
 import os
 import re
 import subprocess
@@ -19,6 +20,7 @@ import tensorflow as tf
 
 from resnet_tpu import bn_all_reduce
 from resnet_tpu import device_check
+from resnet_tpu import strategy as strategy_lib
 from resnet_tpu.config import ConfigError
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.trainer import Trainer
@@ -76,6 +78,18 @@ def test_tpu_local_without_a_tpu_stops_within_a_minute_saying_why(
   else:
     assert "no TPU support" in done.stderr
     assert "pip install -r requirements-tpu.txt" in done.stderr
+
+
+def test_a_tpu_named_for_the_cloud_tpu_api_needs_its_client_packages():
+  """A pod slice by name goes through the Cloud TPU API client; 'local' and
+  grpc:// addresses do not (tensorflow/python/tpu/client/client.py)."""
+  strategy_lib.require_cloud_tpu_api("local")
+  strategy_lib.require_cloud_tpu_api("grpc://10.0.0.2:8470")
+  missing = [m for m in strategy_lib.CLOUD_TPU_API_MODULES
+             if importlib.util.find_spec(m) is None]
+  assert missing  # neither test build installs requirements-tpu-pod.txt
+  with pytest.raises(ConfigError, match="requirements-tpu-pod.txt"):
+    strategy_lib.require_cloud_tpu_api("my-v3-32")
 
 
 def _lower_for_tpu(fn, *args) -> str:
