@@ -94,7 +94,7 @@ bench-collectives: venv
 	$(PY) -m tools.dev.bench_collectives --output_dir=bench_results
 	$(PY) -m tools.bench_report --output_dir=bench_results
 
-# oneDNN vs Eigen CPU kernels (why resnet_tpu/cpu_kernels.py turns oneDNN
+# oneDNN vs Eigen CPU kernels (why resnet_tpu/runtime/cpu_kernels.py turns oneDNN
 # on): one process per sample, about 3.5 minutes, so not part of `bench`.
 bench-cpu-kernels: venv
 	$(PY) -m tools.dev.bench_cpu_kernels --output_dir=bench_results

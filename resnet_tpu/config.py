@@ -125,7 +125,7 @@ class TrainConfig:
   def clock(self) -> "EpochClock":
     """Maps steps to epochs and global batches (batch-size control)."""
     # pylint: disable-next=g-import-not-at-top (keeps this module a leaf)
-    from resnet_tpu.schedules import EpochClock, parse_batch_size_schedule
+    from resnet_tpu.optim.schedules import EpochClock, parse_batch_size_schedule
     schedule = (parse_batch_size_schedule(self.batch_size_schedule)
                 if self.batch_size_schedule else
                 ((0, self.global_batch_size),))
@@ -280,7 +280,7 @@ def validate(cfg: TrainConfig, num_replicas: int | None = None) -> None:
   strategy starts); TPU/GPU replica counts are checked again after start-up.
   """
   # pylint: disable-next=g-import-not-at-top (keeps this module a leaf)
-  from resnet_tpu.schedules import parse_batch_size_schedule
+  from resnet_tpu.optim.schedules import parse_batch_size_schedule
   _check(bool(cfg.model_dir), "--model_dir is required.")
   _check_fields(cfg)
   parse_grid(cfg.all_reduce_grid)

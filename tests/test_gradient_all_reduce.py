@@ -16,12 +16,12 @@ from collective_helpers import op_counts as _op_counts
 from collective_helpers import per_replica as _per_replica
 from collective_helpers import TIMEOUT_S
 from conftest import cpu_strategy
-from resnet_tpu import gradient_all_reduce
+from resnet_tpu.parallel import gradient_all_reduce
 from resnet_tpu.config import ConfigError
 from resnet_tpu.config import parse_grid
-from resnet_tpu.optimizers import build_optimizer
-from resnet_tpu.replica_groups import Subgroup
-from resnet_tpu.schedules import EpochClock
+from resnet_tpu.optim.optimizers import build_optimizer
+from resnet_tpu.parallel.replica_groups import Subgroup
+from resnet_tpu.optim.schedules import EpochClock
 from tools import allreduce_sim as sim
 
 REPLICAS = 8

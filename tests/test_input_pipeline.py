@@ -1,4 +1,4 @@
-"""Specification of resnet_tpu.input_pipeline (Ying et al. 2018, §3.2)."""
+"""Specification of resnet_tpu.inputs.input_pipeline (Ying et al. 2018, §3.2)."""
 import collections
 import dataclasses
 import json
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from resnet_tpu import input_pipeline as ip
-from resnet_tpu import preprocessing
+from resnet_tpu.inputs import input_pipeline as ip
+from resnet_tpu.inputs import preprocessing
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.run import input_config
 

@@ -10,7 +10,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT_DIRS = ("tools", "tools/dev", "data")
 CHECKED = ("README.md", "Makefile", "colab_demo.ipynb", "*.py", "docs/*.md",
            "flags/*.cfg",
-           "resnet_tpu/*.py", "tools/*.py", "tools/dev/*.py", "data/*.py",
+           "resnet_tpu/*.py", "resnet_tpu/*/*.py", "tools/*.py", "tools/dev/*.py",
+           "data/*.py",
            "tests/*.py", "tests/dev/*.py")
 
 

@@ -71,7 +71,7 @@ def test_paper_map_modules_cite_their_section():
   for row in rows:
     paper = row.split("|")[1].strip()  # e.g. "Ying §3.1", "Akiba"
     author, _, section = paper.partition(" ")
-    for path in re.findall(r"`(resnet_tpu/\w+\.py)`", row):
+    for path in re.findall(r"`(resnet_tpu/[\w/]+\.py)`", row):
       docstring = _docstring(path)
       assert author.split(",")[0] in docstring, (path, author)
       if section.startswith("§"):
@@ -79,9 +79,10 @@ def test_paper_map_modules_cite_their_section():
 
 
 def test_each_of_ying_sections_3_1_to_3_3_has_one_home():
-  for section, module in (("§3.1", "resnet_tpu/bn_all_reduce.py"),
-                          ("§3.2", "resnet_tpu/input_pipeline.py"),
-                          ("§3.3", "resnet_tpu/gradient_all_reduce.py")):
+  for section, module in (("§3.1", "resnet_tpu/parallel/bn_all_reduce.py"),
+                          ("§3.2", "resnet_tpu/inputs/input_pipeline.py"),
+                          ("§3.3",
+                           "resnet_tpu/parallel/gradient_all_reduce.py")):
     assert f"| Ying {section} |" in _section("Paper map")
     assert f"`{module}`" in _section("Paper map")
     assert section in _docstring(module).splitlines()[0], module

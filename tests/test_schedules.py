@@ -5,7 +5,7 @@ import keras
 import numpy as np
 import pytest
 
-from resnet_tpu.schedules import (EpochClock, EpochSchedule,
+from resnet_tpu.optim.schedules import (EpochClock, EpochSchedule,
                                   parse_batch_size_schedule)
 
 BASE_LR = 0.1

@@ -18,7 +18,7 @@ any check failed:
                              one device with the global batch (§3);
   bfloat16_step              a bfloat16 ResNet step is finite (§3);
   xla_compile                the step compiles with XLA on one device of the
-                             run (resnet_tpu/xla_compile.py);
+                             run (tools/xla_compile.py);
   throughput                 synthetic training images/s per chip, ours vs
                              keras.applications.ResNet50, alternating.
 
@@ -38,10 +38,10 @@ from absl import flags
 from absl import logging
 import tensorflow as tf
 
-from resnet_tpu import device_check
+from resnet_tpu.runtime import device_check
 from resnet_tpu.config import ConfigError
-from resnet_tpu.strategy import create_strategy
-from resnet_tpu.strategy import resolve_kind
+from resnet_tpu.parallel.strategy import create_strategy
+from resnet_tpu.parallel.strategy import resolve_kind
 from tools import accelerator_checks as checks
 from tools import bench_common
 

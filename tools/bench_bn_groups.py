@@ -7,7 +7,7 @@ ResNet trained by the production loop; only the BN group size changes. The
 step-time ratio group 4 / group 1 is the price of pooling statistics over 4
 replicas (one float32 group all-reduce per BN layer, forward and backward).
 """
-from resnet_tpu import process_setup
+from resnet_tpu.runtime import process_setup
 
 # A CPU benchmark: the kernels a CPU run gets, chosen before TensorFlow loads.
 process_setup.apply_cpu_kernel_choice("auto", "cpu")
@@ -17,12 +17,12 @@ from absl import flags  # noqa: E402
 from absl import logging  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from resnet_tpu import host_memory  # noqa: E402
-from resnet_tpu import input_pipeline  # noqa: E402
+from resnet_tpu.runtime import host_memory  # noqa: E402
+from resnet_tpu.inputs import input_pipeline  # noqa: E402
 from resnet_tpu import preflight  # noqa: E402
 from resnet_tpu.config import TrainConfig  # noqa: E402
-from resnet_tpu.strategy import configure_cpu_replicas  # noqa: E402
-from resnet_tpu.trainer import Trainer  # noqa: E402
+from resnet_tpu.parallel.strategy import configure_cpu_replicas  # noqa: E402
+from resnet_tpu.train.trainer import Trainer  # noqa: E402
 from tools import bench_common  # noqa: E402
 
 FLAGS = flags.FLAGS

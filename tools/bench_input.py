@@ -2,7 +2,7 @@
 
 Generates ImageNet-like JPEGs (500x375, about 110 KB: smooth random fields at
 four scales plus noise), writes them as TFRecords and measures the images/s of
-resnet_tpu.input_pipeline's training dataset as the §3.2 optimisations are
+resnet_tpu.inputs.input_pipeline's training dataset as the §3.2 optimisations are
 switched on one at a time (every variant hands uint8 batches, the default;
 one more row casts to float32 on the host), next to the decode-only ceiling:
 tf.io.decode_jpeg alone on in-memory bytes with the same thread count. A
@@ -28,7 +28,7 @@ import tempfile
 import time
 from typing import Callable
 
-from resnet_tpu import process_setup
+from resnet_tpu.runtime import process_setup
 
 # A CPU benchmark: the kernels a CPU run gets, chosen before TensorFlow loads.
 process_setup.apply_cpu_kernel_choice("auto", "cpu")
@@ -40,10 +40,10 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from data import build_tfrecords  # noqa: E402
-from resnet_tpu import data_checks  # noqa: E402
-from resnet_tpu import host_memory  # noqa: E402
-from resnet_tpu import input_pipeline  # noqa: E402
-from resnet_tpu import preprocessing  # noqa: E402
+from resnet_tpu.inputs import data_checks  # noqa: E402
+from resnet_tpu.runtime import host_memory  # noqa: E402
+from resnet_tpu.inputs import input_pipeline  # noqa: E402
+from resnet_tpu.inputs import preprocessing  # noqa: E402
 from tools import bench_common  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -156,7 +156,7 @@ def decode_ceiling_dataset(jpegs: list[bytes], batch_size: int,
 
 def training_dataset(data_dir: str, image_size: int, batch_size: int,
                      threads: int, switches: dict) -> tf.data.Dataset:
-  """resnet_tpu.input_pipeline's training dataset with the VARIANTS
+  """resnet_tpu.inputs.input_pipeline's training dataset with the VARIANTS
   `switches`, one input pipeline, batches of `batch_size`."""
   cfg = input_pipeline.InputConfig(data_dir=data_dir, image_size=image_size,
                                    private_threadpool_size=threads,
@@ -400,7 +400,7 @@ def define_flags() -> None:
                        "tf.data private thread pool size of every variant.")
   flags.DEFINE_bool("keep_host_memory", True,
                     "Keep freed host memory mapped, as training does "
-                    "(resnet_tpu/host_memory.py).")
+                    "(resnet_tpu/runtime/host_memory.py).")
   flags.DEFINE_bool("tiny", False, "Smoke-test sizes (< 20 s): " + str(TINY))
 
 

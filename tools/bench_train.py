@@ -9,7 +9,7 @@
    in float32 also our model in Keras's v1 layout (stride on the first 1x1
    conv), which has exactly Keras's FLOPs (v1.5 has 6% more). In bfloat16
    ours runs --bfloat16_conv_kernels=auto (float32 kernels on CPUs without
-   bfloat16 arithmetic, resnet_tpu/bfloat16_convs.py), and also, as
+   bfloat16 arithmetic, resnet_tpu/model/bfloat16_convs.py), and also, as
    `ours_bfloat16_native`, on TensorFlow's bfloat16 kernels as Keras does.
 2. Model FLOP utilisation: 3 x the forward FLOPs of the convs and dense layer
    (2 FLOPs per multiply-add) times images/s, over the FLOP/s of a large
@@ -27,7 +27,7 @@ first --native_bf16_repetitions repetitions.
 """
 import dataclasses
 
-from resnet_tpu import process_setup
+from resnet_tpu.runtime import process_setup
 
 # A CPU benchmark: the kernels a CPU run gets, chosen before TensorFlow loads.
 process_setup.apply_cpu_kernel_choice("auto", "cpu")
@@ -39,13 +39,13 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from resnet_tpu import bfloat16_convs  # noqa: E402
-from resnet_tpu import host_memory  # noqa: E402
-from resnet_tpu import input_pipeline  # noqa: E402
+from resnet_tpu.model import bfloat16_convs  # noqa: E402
+from resnet_tpu.runtime import host_memory  # noqa: E402
+from resnet_tpu.inputs import input_pipeline  # noqa: E402
 from resnet_tpu import preflight  # noqa: E402
 from resnet_tpu.config import TrainConfig  # noqa: E402
-from resnet_tpu.model import build_model  # noqa: E402
-from resnet_tpu.trainer import Trainer  # noqa: E402
+from resnet_tpu.model.resnet import build_model  # noqa: E402
+from resnet_tpu.train.trainer import Trainer  # noqa: E402
 from tools import bench_common  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -253,8 +253,8 @@ def markdown(models: dict, host_loop: dict, result: dict,
   lines += [
       "",
       f"bfloat16 convs: ours on {kernels} kernels (`--bfloat16_conv_kernels"
-      "=auto` on this CPU; resnet_tpu/bfloat16_convs.py), Keras's Conv2D on "
-      "TensorFlow's bfloat16 kernels. Ours on those same native kernels: "
+      "=auto` on this CPU; resnet_tpu/model/bfloat16_convs.py), Keras's "
+      "Conv2D on TensorFlow's bfloat16 kernels. Ours on those same native kernels: "
       f"{native['median']:.2f} ({native['min']:.2f}-{native['max']:.2f}) "
       "images/s, "
       f"{result['ours_native_bf16_kernels_vs_keras_bf16']:.2f}x Keras. "
@@ -301,7 +301,7 @@ def markdown(models: dict, host_loop: dict, result: dict,
   glibc = s["ours_float32_glibc_malloc"]
   lines += [
       "",
-      "### Host memory (resnet_tpu/host_memory.py)",
+      "### Host memory (resnet_tpu/runtime/host_memory.py)",
       "",
       "Our float32 step with freed memory kept mapped (--keep_host_memory, "
       "every row above) vs glibc's allocator as tf.data leaves it, "

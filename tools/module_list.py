@@ -12,7 +12,7 @@ import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The product's source folders, in the order data flows through them.
-FOLDERS = ("resnet_tpu", "data", "tools")
+FOLDERS = ("resnet_tpu", "resnet_tpu/*", "data", "tools")
 
 
 def source_files(root: str = ROOT) -> list[str]:

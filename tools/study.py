@@ -38,7 +38,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from resnet_tpu.strategy import configure_cpu_replicas
+from resnet_tpu.parallel.strategy import configure_cpu_replicas
 from tools import study_plan
 from tools import study_data
 from tools import study_runner

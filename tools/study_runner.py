@@ -21,9 +21,9 @@ from absl import logging
 import keras
 import tensorflow as tf
 
-from resnet_tpu import compat
+from resnet_tpu.runtime import compat
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.metrics_log import read_metrics
+from resnet_tpu.train.metrics_log import read_metrics
 from resnet_tpu.run import run
 from tools import study_plan
 from tools import study_report

@@ -7,7 +7,7 @@ Not part of `make bench` (six child processes that each trace ResNet-50
 take about 3.5 minutes on 2 cores); REPORT.md includes its last result with
 the date it was measured.
 
-Why resnet_tpu/cpu_kernels.py turns TF_ENABLE_ONEDNN_OPTS on. TensorFlow
+Why resnet_tpu/runtime/cpu_kernels.py turns TF_ENABLE_ONEDNN_OPTS on. TensorFlow
 reads that switch once, when it loads, so each measurement is a child process
 of its own, and the children alternate: Eigen, oneDNN, Eigen, oneDNN, ...
 Each child builds the workload of tools/bench_train.py (our ResNet-50, 1
@@ -27,8 +27,8 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from resnet_tpu import cpu_kernels
-from resnet_tpu import host_memory
+from resnet_tpu.runtime import cpu_kernels
+from resnet_tpu.runtime import host_memory
 from tools import bench_common
 from tools import bench_train
 
@@ -77,7 +77,7 @@ def run_child(setup: dict, onednn: str) -> dict:
 def markdown(summary: dict, setup: dict, ratio: float, date: str) -> str:
   eigen, onednn = summary["Eigen"], summary["oneDNN"]
   return "\n".join([
-      "### CPU kernels: oneDNN vs Eigen (resnet_tpu/cpu_kernels.py)",
+      "### CPU kernels: oneDNN vs Eigen (resnet_tpu/runtime/cpu_kernels.py)",
       "",
       f"Measured {date} by tools/dev/bench_cpu_kernels.py (`make "
       "bench-cpu-kernels`, not part of `make bench`). Our "

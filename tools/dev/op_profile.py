@@ -34,7 +34,7 @@ import tempfile
 import time
 from typing import Callable
 
-from resnet_tpu import process_setup
+from resnet_tpu.runtime import process_setup
 
 # A CPU benchmark: the kernels a CPU run gets, chosen before TensorFlow loads.
 process_setup.apply_cpu_kernel_choice("auto", "cpu")
@@ -44,8 +44,8 @@ from absl import flags  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: E402
 
-from resnet_tpu import host_memory  # noqa: E402
-from resnet_tpu.strategy import configure_cpu_replicas  # noqa: E402
+from resnet_tpu.runtime import host_memory  # noqa: E402
+from resnet_tpu.parallel.strategy import configure_cpu_replicas  # noqa: E402
 from tools import bench_bn_groups  # noqa: E402
 from tools import bench_common  # noqa: E402
 from tools import bench_train  # noqa: E402

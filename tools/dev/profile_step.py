@@ -26,7 +26,7 @@ import tempfile
 import time
 from typing import Callable
 
-from resnet_tpu import process_setup
+from resnet_tpu.runtime import process_setup
 
 # A CPU benchmark: the kernels a CPU run gets, chosen before TensorFlow loads.
 process_setup.apply_cpu_kernel_choice("auto", "cpu")
@@ -35,7 +35,7 @@ from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 from absl import logging  # noqa: E402
 
-from resnet_tpu import host_memory  # noqa: E402
+from resnet_tpu.runtime import host_memory  # noqa: E402
 from resnet_tpu.config import BFLOAT16_CONV_KERNELS  # noqa: E402
 from tools import bench_common  # noqa: E402
 from tools import bench_input  # noqa: E402
@@ -113,7 +113,7 @@ if __name__ == "__main__":
                     "dtype of the workload.")
   flags.DEFINE_enum("bfloat16_conv_kernels", "auto", BFLOAT16_CONV_KERNELS,
                     "Kernels of our model's bfloat16 convs "
-                    "(resnet_tpu/bfloat16_convs.py).")
+                    "(resnet_tpu/model/bfloat16_convs.py).")
   flags.DEFINE_integer("image_size", 224, "Image side.")
   flags.DEFINE_integer("batch_size", 4, "Global batch (1 replica).")
   flags.DEFINE_integer("matmul_size", 2048, "Side of the matmul workload.")
@@ -123,6 +123,6 @@ if __name__ == "__main__":
                        "JPEGs generated for the input workloads.")
   flags.DEFINE_float("seconds", 60.0, "Length of the profiled loop.")
   flags.DEFINE_bool("keep_host_memory", True,
-                    "As run.py: resnet_tpu/host_memory.py's allocator "
+                    "As run.py: resnet_tpu/runtime/host_memory.py's allocator "
                     "settings.")
   app.run(main)

@@ -12,7 +12,7 @@ from absl import logging
 import keras
 import tensorflow as tf
 
-from resnet_tpu import compat
+from resnet_tpu.runtime import compat
 from resnet_tpu.config import ConfigError
 
 # Distributions that provide the `tensorflow` module, most specific first.

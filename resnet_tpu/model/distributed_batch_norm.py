@@ -21,7 +21,7 @@ from typing import Sequence
 import keras
 import tensorflow as tf
 
-from resnet_tpu import bn_all_reduce
+from resnet_tpu.parallel import bn_all_reduce
 
 
 @dataclasses.dataclass(frozen=True)

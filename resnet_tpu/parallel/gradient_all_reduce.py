@@ -23,8 +23,8 @@ import dataclasses
 import keras
 import tensorflow as tf
 
-from resnet_tpu import compat
-from resnet_tpu import replica_groups
+from resnet_tpu.runtime import compat
+from resnet_tpu.parallel import replica_groups
 from resnet_tpu.config import GRADIENT_ALL_REDUCE
 
 Grid = tuple[int, int]

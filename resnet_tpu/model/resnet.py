@@ -19,7 +19,7 @@ Every BatchNormalization is a DistributedBatchNormalization (§3.1). Input
 normalisation happens inside the model, so the input pipeline and the
 exported SavedModel both feed raw 0..255 pixels. Under the `mixed_bfloat16`
 policy convs and activations run in bfloat16 (on CPUs without bfloat16
-arithmetic, through float32 kernels: resnet_tpu/bfloat16_convs.py); BN
+arithmetic, through float32 kernels: resnet_tpu/model/bfloat16_convs.py); BN
 statistics and the logits stay in float32.
 """
 import contextlib
@@ -29,12 +29,12 @@ from typing import Sequence
 from absl import logging
 import keras
 
-from resnet_tpu import bfloat16_convs
+from resnet_tpu.model import bfloat16_convs
 
-from resnet_tpu.bfloat16_convs import Conv2D
+from resnet_tpu.model.bfloat16_convs import Conv2D
 from resnet_tpu.config import MIN_IMAGE_SIZE
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.distributed_batch_norm import DistributedBatchNormalization
+from resnet_tpu.model.distributed_batch_norm import DistributedBatchNormalization
 
 # ImageNet channel statistics on the 0..255 scale.
 MEAN_RGB = (0.485 * 255, 0.456 * 255, 0.406 * 255)
@@ -157,7 +157,7 @@ def build_resnet(depth: int = 50, num_classes: int = 1000,
   stride_in_3x3=False puts the bottlenecks' stride on the first 1x1 conv
   (ResNet v1, keras.applications' layout): only tools/bench_train.py uses
   it, to compare with Keras at equal FLOPs. float32_kernels=True runs the
-  bfloat16 convs on float32 kernels (resnet_tpu/bfloat16_convs.py).
+  bfloat16 convs on float32 kernels (resnet_tpu/model/bfloat16_convs.py).
   bn_all_reduce, collective_timeout_s and bn_groups configure the BN groups'
   all-reduce (bn_all_reduce.py).
   """

@@ -29,7 +29,7 @@ import keras
 from keras import ops
 import tensorflow as tf
 
-from resnet_tpu import cpu_kernels
+from resnet_tpu.runtime import cpu_kernels
 from resnet_tpu.config import BFLOAT16_CONV_KERNELS
 
 # /proc/cpuinfo flags of CPUs whose bfloat16 kernels TensorFlow runs natively

@@ -33,7 +33,7 @@ from typing import Sequence
 import keras
 from keras import ops
 
-from resnet_tpu.schedules import EpochClock
+from resnet_tpu.optim.schedules import EpochClock
 
 
 def _elu_share(epoch, center_epochs: float, period_epochs: float):

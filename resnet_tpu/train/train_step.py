@@ -12,8 +12,8 @@ from typing import NamedTuple
 import keras
 import tensorflow as tf
 
-from resnet_tpu import compat
-from resnet_tpu import optimizers
+from resnet_tpu.runtime import compat
+from resnet_tpu.optim import optimizers
 from resnet_tpu.config import TrainConfig
 
 

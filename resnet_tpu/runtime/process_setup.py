@@ -24,7 +24,7 @@ import os
 import sys
 
 from resnet_tpu.config import CPU_ONEDNN
-from resnet_tpu.cpu_kernels import ONEDNN_ENV
+from resnet_tpu.runtime.cpu_kernels import ONEDNN_ENV
 
 LOG_LEVEL_ENV = "TF_CPP_MIN_LOG_LEVEL"
 # An NVIDIA GPU's device files on bare metal, in containers and under WSL2

@@ -37,8 +37,8 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
-from resnet_tpu import topology as topology_lib
-from resnet_tpu.topology import Chip, Core, box_text
+from resnet_tpu.parallel import topology as topology_lib
+from resnet_tpu.parallel.topology import Chip, Core, box_text
 from resnet_tpu.config import TPU_DEVICE_ASSIGNMENTS
 
 Topology = tf.tpu.experimental.Topology

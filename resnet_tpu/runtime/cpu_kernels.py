@@ -12,7 +12,7 @@ bench_results/REPORT.md), so `--cpu_onednn=auto` turns it on for CPU runs
 TPU and GPU hosts, where it was never measured. `TF_ENABLE_ONEDNN_OPTS=0` or
 `1` set by the user wins. bfloat16 convolutions stay Eigen's either way on
 CPUs without AVX-512 (TensorFlow's oneDNN bf16 needs it);
-resnet_tpu/bfloat16_convs.py widens them to float32 kernels instead.
+resnet_tpu/model/bfloat16_convs.py widens them to float32 kernels instead.
 """
 ONEDNN_ENV = "TF_ENABLE_ONEDNN_OPTS"
 
@@ -33,5 +33,5 @@ def cpu_flags() -> frozenset[str]:
 def onednn_enabled() -> bool:
   """Whether the TensorFlow loaded in this process runs oneDNN's kernels."""
   # pylint: disable-next=g-import-not-at-top (TensorFlow loads after us)
-  from resnet_tpu import compat
+  from resnet_tpu.runtime import compat
   return compat.onednn_enabled()

@@ -20,7 +20,7 @@ from typing import Sequence
 
 import tensorflow as tf
 
-from resnet_tpu import compat
+from resnet_tpu.runtime import compat
 
 # tf.distribute numbers its own group keys up from 1 (plus 100000 per extra
 # strategy in tests); ours live far above them.

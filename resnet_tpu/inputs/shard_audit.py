@@ -39,7 +39,7 @@ from typing import Callable
 from absl import logging
 import tensorflow as tf
 
-from resnet_tpu import manifest
+from resnet_tpu.inputs import manifest
 from resnet_tpu.config import ConfigError
 from resnet_tpu.config import ON_CORRUPT_SHARD
 

@@ -17,7 +17,7 @@ from typing import Sequence
 
 import tensorflow as tf
 
-from resnet_tpu import replica_groups
+from resnet_tpu.parallel import replica_groups
 from resnet_tpu.config import BN_ALL_REDUCE
 
 Groups = Sequence[Sequence[int]]

@@ -11,7 +11,7 @@ import os
 from absl import logging
 import tensorflow as tf
 
-from resnet_tpu import tpu_layout
+from resnet_tpu.parallel import tpu_layout
 from resnet_tpu.config import ConfigError
 
 

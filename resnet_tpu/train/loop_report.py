@@ -12,7 +12,7 @@ from typing import Callable
 
 from absl import logging
 
-from resnet_tpu.host_loops import LoopResult
+from resnet_tpu.train.host_loops import LoopResult
 
 
 class NonFiniteLossError(RuntimeError):

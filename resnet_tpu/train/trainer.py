@@ -17,22 +17,22 @@ from absl import logging
 import keras
 import tensorflow as tf
 
-from resnet_tpu import loop_report
-from resnet_tpu import preemption
-from resnet_tpu.bn_recompute import BNStatisticsRecomputer
-from resnet_tpu.checkpointing import Checkpoints
-from resnet_tpu.checkpointing import worker_checkpoint_dir
+from resnet_tpu.train import loop_report
+from resnet_tpu.train import preemption
+from resnet_tpu.model.bn_recompute import BNStatisticsRecomputer
+from resnet_tpu.train.checkpointing import Checkpoints
+from resnet_tpu.train.checkpointing import worker_checkpoint_dir
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.host_loops import HostLoops
-from resnet_tpu.host_loops import LoopResult
-from resnet_tpu.input_pipeline import DatasetFn
-from resnet_tpu.metrics_log import MetricsLog
-from resnet_tpu.model import build_model
-from resnet_tpu.optimizers import build_optimizer_from_config
-from resnet_tpu.shard_audit import LostRecords
-from resnet_tpu.strategy import is_chief
-from resnet_tpu.train_step import make_accumulators
-from resnet_tpu.train_step import ReplicaStep
+from resnet_tpu.train.host_loops import HostLoops
+from resnet_tpu.train.host_loops import LoopResult
+from resnet_tpu.inputs.input_pipeline import DatasetFn
+from resnet_tpu.train.metrics_log import MetricsLog
+from resnet_tpu.model.resnet import build_model
+from resnet_tpu.optim.optimizers import build_optimizer_from_config
+from resnet_tpu.inputs.shard_audit import LostRecords
+from resnet_tpu.parallel.strategy import is_chief
+from resnet_tpu.train.train_step import make_accumulators
+from resnet_tpu.train.train_step import ReplicaStep
 
 ModelFn = Callable[[TrainConfig], keras.Model]
 # Called with each host loop's train record once it is logged.

@@ -31,9 +31,9 @@ from typing import Callable
 from absl import logging
 import tensorflow as tf
 
-from resnet_tpu import data_checks
-from resnet_tpu import preprocessing
-from resnet_tpu import shard_audit
+from resnet_tpu.inputs import data_checks
+from resnet_tpu.inputs import preprocessing
+from resnet_tpu.inputs import shard_audit
 from resnet_tpu.config import ConfigError
 
 SPLITS = ("train", "validation")
