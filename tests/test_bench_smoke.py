@@ -55,14 +55,13 @@ def test_each_headline_ratio_has_its_range_over_repetitions(results):
               f"{ranges[key][1]:.3f} |") in report, key
 
 
-def test_report_holds_every_table_and_no_targets(results):
+def test_report_holds_every_table(results):
   text = (results / "REPORT.md").read_text()
   for heading in ("ours vs keras.applications.ResNet50",
                   "Model FLOP utilisation", "Host loop",
                   "Distributed BN: group size"):
     assert heading in text
   assert "| ratio | compares | median | min-max over repetitions |" in text
-  assert "target" not in text and "met |" not in text
 
 
 def test_alternate_gives_slow_variants_only_the_first_repetitions():

@@ -10,7 +10,6 @@ from tools.flag_reference import flag_table
 from tools.module_list import module_table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MAX_README_LINES = 350
 # The sections of the front page, in order.
 SECTIONS = ("Status", "Quickstart", "Running for real", "Paper map",
             "Recipes", "Flag reference", "Performance", "Results on real data",
@@ -29,12 +28,10 @@ def _section(title: str) -> str:
   return readme[start:end if end > 0 else None]
 
 
-def test_readme_is_a_front_page_of_at_most_350_lines_in_order():
+def test_readme_sections_are_in_order():
   readme = _read("README.md")
-  assert len(readme.splitlines()) <= MAX_README_LINES
   positions = [readme.index(f"\n## {title}\n") for title in SECTIONS]
   assert positions == sorted(positions)
-  assert not re.search(r"\brun [A-O]\b|bench_results/run_", readme)
 
 
 def test_readme_flag_reference_is_the_generated_table():
