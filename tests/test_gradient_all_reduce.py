@@ -21,7 +21,7 @@ from resnet_tpu.config import ConfigError
 from resnet_tpu.config import parse_grid
 from resnet_tpu.optim.optimizers import build_optimizer
 from resnet_tpu.parallel.replica_groups import Subgroup
-from resnet_tpu.optim.schedules import EpochClock
+from resnet_tpu.clock import EpochClock
 from tools import allreduce_sim as sim
 
 REPLICAS = 8

@@ -26,7 +26,7 @@ against the final batch held fixed, with LARS's LR held across switches.
 import dataclasses
 
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.optim.schedules import parse_batch_size_schedule
+from resnet_tpu.clock import parse_batch_size_schedule
 
 RECIPE_EPOCHS = 90
 OPTIMIZERS = ("momentum", "lars", "rmsprop_warmup")

@@ -14,12 +14,12 @@ from absl import logging
 import keras
 
 from resnet_tpu.parallel import gradient_all_reduce as gradient_all_reduce_lib
+from resnet_tpu.clock import EpochClock
 from resnet_tpu.config import OPTIMIZERS
 from resnet_tpu.config import parse_grid
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.optim.lars import DEFAULT_EXCLUDE, LARS
 from resnet_tpu.optim.rmsprop_warmup import RMSpropWarmup, SgdShareSchedule
-from resnet_tpu.optim.schedules import EpochClock
 from resnet_tpu.optim.schedules import EpochSchedule
 
 

@@ -33,7 +33,8 @@ from typing import Sequence
 import keras
 from keras import ops
 
-from resnet_tpu.optim.schedules import EpochClock
+from resnet_tpu.clock import EpochClock
+from resnet_tpu.optim.schedules import epoch_tensor
 
 
 def _elu_share(epoch, center_epochs: float, period_epochs: float):
@@ -70,7 +71,7 @@ class SgdShareSchedule(keras.optimizers.schedules.LearningRateSchedule):
         images_per_epoch, tuple(tuple(p) for p in batch_size_schedule))
 
   def __call__(self, step):
-    return sgd_share(self.clock.epoch(step), self.center_epochs,
+    return sgd_share(epoch_tensor(self.clock, step), self.center_epochs,
                      self.period_epochs)
 
   def get_config(self) -> dict:

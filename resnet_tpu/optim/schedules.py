@@ -17,18 +17,15 @@ the LR where it is and the larger batch alone lowers the gradient noise
 (Smith et al. 2018, "Don't Decay the Learning Rate, Increase the Batch
 Size", arXiv 1711.00489).
 """
-import dataclasses
-import math
 from typing import Sequence
 
 import keras
 from keras import ops
 
+from resnet_tpu.clock import EpochClock
 from resnet_tpu.config import ConfigError
 from resnet_tpu.config import LR_SCALINGS
 from resnet_tpu.config import SCHEDULES
-
-BatchSizeSchedule = tuple[tuple[int, int], ...]
 
 # tensorflow/tpu lars_util.py decays with tf.train.polynomial_decay, whose
 # end_learning_rate defaults to 1e-4; MLPerf v0.6 logs it as
@@ -48,116 +45,25 @@ SLOW_START_BOUNDARIES = (40.0, 70.0, 85.0)
 SLOW_START_MULTIPLIERS = (0.5, 0.075, 0.01, 0.001)
 
 
-def parse_batch_size_schedule(text: str) -> BatchSizeSchedule:
-  """Parses "0:16384,30:32768" into ((0, 16384), (30, 32768)).
-
-  Each item is start_epoch:global_batch (Mikami et al. 2018 batch-size
-  control); the first phase starts at epoch 0 and epochs increase.
-  """
-  pairs = []
-  for item in text.split(","):
-    fields = item.strip().split(":")
-    try:
-      epoch, batch = (int(f) for f in fields)
-    except ValueError:
-      raise ValueError(
-          f"--batch_size_schedule: expected comma-separated "
-          f"start_epoch:global_batch integers like '0:16384,30:32768', "
-          f"got item {item!r} in {text!r}") from None
-    pairs.append((epoch, batch))
-  schedule = tuple(pairs)
-  validate_batch_size_schedule(schedule)
-  return schedule
+def epoch_tensor(clock: EpochClock, step):
+  """Fractional epoch of `clock` at `step` (a scalar tensor), as float32."""
+  step = ops.cast(step, "float32")
+  result = ops.zeros((), "float32")
+  for start, (epoch, batch) in zip(clock.phase_start_steps(),
+                                   clock.batch_size_schedule):
+    in_phase = epoch + (step - start) * (batch / clock.images_per_epoch)
+    result = ops.where(step >= start, in_phase, result)
+  return result
 
 
-def validate_batch_size_schedule(schedule: BatchSizeSchedule) -> None:
-  """Raises ValueError unless phases start at 0, increase and are > 0."""
-  if not schedule or schedule[0][0] != 0:
-    raise ValueError(
-        f"--batch_size_schedule: the first phase must start at epoch 0, got "
-        f"{schedule!r}")
-  epochs = [epoch for epoch, _ in schedule]
-  if any(b <= a for a, b in zip(epochs, epochs[1:])):
-    raise ValueError(
-        f"--batch_size_schedule: start epochs must strictly increase, got "
-        f"{schedule!r}")
-  if any(batch <= 0 for _, batch in schedule):
-    raise ValueError(
-        f"--batch_size_schedule: global batch sizes must be positive, got "
-        f"{schedule!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class EpochClock:
-  """Maps a global step to the epoch and the global batch of that step.
-
-  Phase i runs at batch B_i from epoch e_i for ceil((e_{i+1} - e_i) * N / B_i)
-  steps (N = images per epoch); inside it, epoch = e_i + (step - s_i) * B_i / N
-  where s_i is the phase's first step.
-  """
-  images_per_epoch: int
-  batch_size_schedule: BatchSizeSchedule
-
-  def __post_init__(self):
-    if self.images_per_epoch <= 0:
-      raise ValueError(
-          f"images_per_epoch must be positive, got {self.images_per_epoch}")
-    validate_batch_size_schedule(self.batch_size_schedule)
-
-  def phase_start_steps(self) -> tuple[int, ...]:
-    """The first global step of each batch-size phase."""
-    starts = [0]
-    for (epoch, batch), (next_epoch, _) in zip(self.batch_size_schedule,
-                                               self.batch_size_schedule[1:]):
-      images = (next_epoch - epoch) * self.images_per_epoch
-      starts.append(starts[-1] + math.ceil(images / batch))
-    return tuple(starts)
-
-  def _phase_at_step(self, step: int) -> int:
-    return max(i for i, start in enumerate(self.phase_start_steps())
-               if step >= start)
-
-  def global_batch_at_step(self, step: int) -> int:
-    """The global batch the input pipeline must deliver at `step`."""
-    return self.batch_size_schedule[self._phase_at_step(step)][1]
-
-  def steps_for_epochs(self, epochs: float) -> int:
-    """The number of steps after which `epochs` epochs have been seen."""
-    starts = self.phase_start_steps()
-    phase = max(i for i, (epoch, _) in enumerate(self.batch_size_schedule)
-                if epochs >= epoch)
-    start_epoch, batch = self.batch_size_schedule[phase]
-    images = (epochs - start_epoch) * self.images_per_epoch
-    return starts[phase] + math.ceil(images / batch)
-
-  def epoch_of_step(self, step: int) -> float:
-    """Fractional epoch at `step`, in plain Python: no TensorFlow op runs,
-    so pre-flight code may call it before a multi-worker strategy starts."""
-    result = 0.0
-    for start, (epoch, batch) in zip(self.phase_start_steps(),
-                                     self.batch_size_schedule):
-      if step >= start:
-        result = epoch + (step - start) * batch / self.images_per_epoch
-    return result
-
-  def epoch(self, step):
-    """Fractional epoch at `step` (a scalar tensor), as float32."""
-    step = ops.cast(step, "float32")
-    result = ops.zeros((), "float32")
-    for start, (epoch, batch) in zip(self.phase_start_steps(),
-                                     self.batch_size_schedule):
-      in_phase = epoch + (step - start) * (batch / self.images_per_epoch)
-      result = ops.where(step >= start, in_phase, result)
-    return result
-
-  def global_batch(self, step):
-    """Global batch at `step` (a scalar tensor), as float32."""
-    step = ops.cast(step, "float32")
-    result = ops.zeros((), "float32")
-    for start, (_, batch) in zip(self.phase_start_steps(),
-                                 self.batch_size_schedule):
-      result = ops.where(step >= start, float(batch), result)
-    return result
+def global_batch_tensor(clock: EpochClock, step):
+  """Global batch of `clock` at `step` (a scalar tensor), as float32."""
+  step = ops.cast(step, "float32")
+  result = ops.zeros((), "float32")
+  for start, (_, batch) in zip(clock.phase_start_steps(),
+                               clock.batch_size_schedule):
+    result = ops.where(step >= start, float(batch), result)
+  return result
 
 
 def _decay_in_epochs(decay: str, warmup_epochs: float, train_epochs: float,
@@ -268,10 +174,10 @@ class EpochSchedule(keras.optimizers.schedules.LearningRateSchedule):
     if self.scaling == "none":
       return ops.convert_to_tensor(self.base_learning_rate, "float32")
     return (self.base_learning_rate / self.reference_batch_size *
-            self.clock.global_batch(step))
+            global_batch_tensor(self.clock, step))
 
   def __call__(self, step):
-    epoch = self.clock.epoch(step)
+    epoch = epoch_tensor(self.clock, step)
     decay = self._decay(epoch)
     lr = self.peak(step) * self._warmup(epoch) * decay
     if self.decay == "polynomial":
