@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 DEMO_DATA := demo_data
 DEMO_RUN := runs/demo
 
-.PHONY: venv test test-dev test-compat check-requirements demo bench \
+.PHONY: venv lint test test-dev test-compat check-requirements demo bench \
 	bench-collectives bench-cpu-kernels profile-ops accelerator-check study clean
 
 $(VENV)/.installed: requirements.txt
@@ -16,6 +16,21 @@ $(VENV)/.installed: requirements.txt
 	touch $@
 
 venv: $(VENV)/.installed
+
+# Imports run only down the package's data flow (.importlinter's layers),
+# and ruff.toml's checks hold; both read the source, neither loads
+# TensorFlow, so their venv is small.
+LINT_VENV := .venv-lint
+
+$(LINT_VENV)/.installed: requirements-lint.txt
+	$(PYTHON) -m venv $(LINT_VENV)
+	$(LINT_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(LINT_VENV)/bin/python -m pip install --quiet -r requirements-lint.txt
+	touch $@
+
+lint: $(LINT_VENV)/.installed
+	PYTHONPATH=. $(LINT_VENV)/bin/lint-imports --no-cache
+	$(LINT_VENV)/bin/ruff check --no-cache .
 
 # The suite runs in TEST_WORKERS processes (pytest-xdist; 0: in pytest's
 # own process), a test file per process at a time, so module fixtures are

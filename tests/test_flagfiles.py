@@ -168,7 +168,7 @@ IMAGENET = 1281167
 
 def epoch_at(step: int, phases: tuple[tuple[int, int], ...]) -> float:
   """Epoch after `step` steps of (start_epoch, batch) phases, in closed form."""
-  epoch, start_step = 0.0, 0
+  start_step = 0
   for (start, batch), (end, _) in zip(phases, phases[1:] + ((None, 0),)):
     steps = (math.inf if end is None else
              math.ceil((end - start) * IMAGENET / batch))

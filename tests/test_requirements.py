@@ -19,6 +19,9 @@ FILES = {os.path.basename(p): wheel_metadata.read_pins(p)
 WHEELS = wheel_metadata.load()
 TENSORFLOWS = ("tensorflow", "tensorflow-cpu", "tensorflow-tpu",
                "tensorflow-intel")
+# make lint's tools: the one file without a TensorFlow.
+LINT = "requirements-lint.txt"
+TRAINING = sorted(set(FILES) - {LINT})
 
 
 def _pythons(name: str) -> list[str]:
@@ -59,7 +62,12 @@ def _tensorflow(name: str) -> str:
 
 def test_there_is_one_requirements_file_per_target():
   assert sorted(FILES) == ["requirements-compat.txt", "requirements-gpu.txt",
-                           "requirements-tpu.txt", "requirements.txt"]
+                           "requirements-lint.txt", "requirements-tpu.txt",
+                           "requirements.txt"]
+
+
+def test_the_lint_tools_install_no_tensorflow():
+  assert not set(FILES[LINT]["pins"]) & set(TENSORFLOWS)
 
 
 @pytest.mark.parametrize("name", sorted(FILES))
@@ -90,7 +98,7 @@ def test_every_pin_falls_inside_the_ranges_its_other_pins_declare(name):
   assert not outside, f"{name}: {sorted(outside)}"
 
 
-@pytest.mark.parametrize("name", sorted(FILES))
+@pytest.mark.parametrize("name", TRAINING)
 def test_every_file_pins_the_keras_tensorboard_numpy_and_libtpu_its_tensorflow_declares(
     name):
   tensorflow = _tensorflow(name)
@@ -123,7 +131,7 @@ def test_tpu_requirements_install_on_the_python_3_10_of_tpu_vm_images():
   assert "3.10" in _pythons("requirements-tpu.txt")
 
 
-@pytest.mark.parametrize("name", sorted(FILES))
+@pytest.mark.parametrize("name", TRAINING)
 def test_no_file_installs_a_second_tensorflow_beside_its_own(name):
   tensorflow = _tensorflow(name)
   pulled = {f"{package} requires {r}" for python in _pythons(name)

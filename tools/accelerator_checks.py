@@ -11,7 +11,6 @@ import dataclasses
 import math
 import os
 
-import keras
 import numpy as np
 import tensorflow as tf
 

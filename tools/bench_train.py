@@ -228,7 +228,7 @@ def markdown(models: dict, host_loop: dict, result: dict,
              setup: dict) -> str:
   s = models["summary"]
   lines = [
-      f"### Training step: ours vs keras.applications.ResNet50",
+      "### Training step: ours vs keras.applications.ResNet50",
       "",
       f"ResNet-50, {setup['image_size']} px, batch {setup['batch_size']}, "
       f"1 replica, same custom loop and optimizer (momentum SGD), "

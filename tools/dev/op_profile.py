@@ -26,7 +26,6 @@ its group.
 import collections
 import dataclasses
 import glob
-import json
 import os
 import re
 import statistics
