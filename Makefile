@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 DEMO_DATA := demo_data
 DEMO_RUN := runs/demo
 
-.PHONY: venv lint test test-dev test-compat check-requirements demo bench \
+.PHONY: venv lint test test-lab test-compat check-requirements demo bench \
 	bench-collectives bench-cpu-kernels profile-ops accelerator-check study clean
 
 $(VENV)/.installed: requirements.txt
@@ -40,9 +40,11 @@ TEST_WORKERS ?= 2
 test: venv
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15
 
-# The developer profilers' tests (tools/dev), left out of `make test`.
-test-dev: venv
-	$(PY) -m pytest -q --durations=15 tests/dev
+# The lab's runs at their tiniest settings (tests/lab): benchmarks, studies,
+# the all-reduce model and the profilers. `make test` runs one smoke each.
+test-lab: venv
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15 \
+	    tests/lab
 
 # The core of the suite on TensorFlow 2.19.1 and the Keras of
 # requirements-tpu.txt (requirements-compat.txt, the TPU wheel's CPU twin):
@@ -97,32 +99,32 @@ demo: venv
 # Each benchmark alternates its variants and merges its headline ratios into
 # bench_results/summary.json; bench_report assembles REPORT.md.
 bench: venv
-	$(PY) -m tools.bench_train --output_dir=bench_results
-	$(PY) -m tools.bench_bn_groups --output_dir=bench_results
-	$(PY) -m tools.bench_input --output_dir=bench_results
-	$(PY) -m tools.allreduce_sim --output_dir=bench_results
-	$(PY) -m tools.bench_report --output_dir=bench_results
+	$(PY) -m lab.bench_train --output_dir=bench_results
+	$(PY) -m lab.bench_bn_groups --output_dir=bench_results
+	$(PY) -m lab.bench_input --output_dir=bench_results
+	$(PY) -m lab.allreduce_sim --output_dir=bench_results
+	$(PY) -m lab.bench_report --output_dir=bench_results
 
 # Distributed BN's group all-reduce, subgroup collective vs the masked
 # fallback (why --bn_all_reduce=auto picks the collective): under a minute.
 bench-collectives: venv
-	$(PY) -m tools.dev.bench_collectives --output_dir=bench_results
-	$(PY) -m tools.bench_report --output_dir=bench_results
+	$(PY) -m lab.dev.bench_collectives --output_dir=bench_results
+	$(PY) -m lab.bench_report --output_dir=bench_results
 
 # oneDNN vs Eigen CPU kernels (why resnet_tpu/runtime/cpu_kernels.py turns oneDNN
 # on): one process per sample, about 3.5 minutes, so not part of `bench`.
 bench-cpu-kernels: venv
-	$(PY) -m tools.dev.bench_cpu_kernels --output_dir=bench_results
-	$(PY) -m tools.bench_report --output_dir=bench_results
+	$(PY) -m lab.dev.bench_cpu_kernels --output_dir=bench_results
+	$(PY) -m lab.bench_report --output_dir=bench_results
 
 # Op time per category of the float32 ResNet-50 steps and of the BN-group
-# steps (tools/dev/op_profile.py): about 5 minutes, so not part of `bench`.
+# steps (lab/dev/op_profile.py): about 5 minutes, so not part of `bench`.
 profile-ops: venv
-	$(PY) -m tools.dev.op_profile --workloads=ours,ours_v1_layout,keras \
+	$(PY) -m lab.dev.op_profile --workloads=ours,ours_v1_layout,keras \
 	    --output_dir=bench_results
-	$(PY) -m tools.dev.op_profile --workloads=bn_group1,bn_group4,bn_group8 \
+	$(PY) -m lab.dev.op_profile --workloads=bn_group1,bn_group4,bn_group8 \
 	    --output_dir=bench_results
-	$(PY) -m tools.bench_report --output_dir=bench_results
+	$(PY) -m lab.bench_report --output_dir=bench_results
 
 # First contact with a TPU VM or a GPU host (tools/accelerator_check.py), in
 # the Python that has that machine's TensorFlow (not the CPU .venv), e.g.
@@ -130,11 +132,11 @@ profile-ops: venv
 accelerator-check:
 	$(PYTHON) -m tools.accelerator_check $(ARGS)
 
-# The papers' central claims on real photos (tools/study.py): Fashion-MNIST
+# The papers' central claims on real photos (lab/study.py): Fashion-MNIST
 # from Debian's dataset-fashion-mnist; 70 minutes on 2 CPU cores (2026-12-01).
 # It prints its estimate first.
 study: venv
-	$(PY) -m tools.study --output_dir=bench_results/studies
+	$(PY) -m lab.study --output_dir=bench_results/studies
 
 clean:
 	rm -rf $(DEMO_RUN) $(DEMO_DATA) bench_results/*.tmp

@@ -94,7 +94,7 @@ def test_only_the_cpu_benchmarks_choose_onednn():
   any_host = ("import tools.export_savedmodel, tools.evaluate, "
               "tools.plot_metrics")
   assert _python(ENV_AFTER.format(any_host)) == "None"
-  assert _python(ENV_AFTER.format("import tools.bench_train")) == "1"
+  assert _python(ENV_AFTER.format("import lab.bench_train")) == "1"
 
 
 def test_tests_run_the_kernels_a_cpu_run_gets():

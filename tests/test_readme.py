@@ -6,8 +6,8 @@ import json
 import os
 import re
 
-from tools.flag_reference import flag_table
-from tools.module_list import module_table
+from flag_reference import flag_table
+from module_list import module_table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The sections of the front page, in order.
@@ -36,12 +36,12 @@ def test_readme_sections_are_in_order():
 
 def test_readme_flag_reference_is_the_generated_table():
   assert flag_table() in _read("README.md"), (
-      "README flag reference is stale: paste `python -m tools.flag_reference`")
+      "README flag reference is stale: paste `python -m tests.flag_reference`")
 
 
 def test_readme_module_list_is_the_generated_table():
   assert module_table() in _section("Layout"), (
-      "README module list is stale: paste `python -m tools.module_list`")
+      "README module list is stale: paste `python -m tests.module_list`")
 
 
 def test_every_flagfile_is_listed_and_every_listed_flagfile_exists():
@@ -51,7 +51,7 @@ def test_every_flagfile_is_listed_and_every_listed_flagfile_exists():
 
 
 def test_every_module_named_in_the_readme_exists():
-  for path in re.findall(r"`((?:resnet_tpu|tools|data)/[\w/]+\.py)`",
+  for path in re.findall(r"`((?:resnet_tpu|tools|lab|tests|data)/[\w/]+\.py)`",
                          _read("README.md")):
     assert os.path.exists(os.path.join(ROOT, path)), path
 

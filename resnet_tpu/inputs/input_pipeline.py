@@ -12,7 +12,7 @@ Each host builds one pipeline per `tf.distribute.InputContext`:
 Pipelines get whole files when there are at least as many files as pipelines;
 otherwise every pipeline reads every file in one fixed order and keeps every
 k-th record. Each optimisation of §3.2 has a switch in `InputConfig`, so the
-ablation of Ying et al. Figure 5 is measurable (tools/bench_input.py).
+ablation of Ying et al. Figure 5 is measurable (lab/bench_input.py).
 
 Records follow tensorflow/tpu `tools/datasets/imagenet_to_gcs.py`: files
 `train-%05d-of-%05d` and `validation-%05d-of-%05d` whose `image/class/label` is

@@ -22,7 +22,7 @@ Every function returns uint8 pixels (the resize rounded to the nearest
 level); normalisation is the model's. Handing uint8 to the replicas
 instead of float32 writes and copies a quarter of the bytes per image on the
 host and moves a quarter over the host-to-device link; the model casts on the
-device (`python -m tools.bench_input` times both).
+device (`python -m lab.bench_input` times both).
 """
 import dataclasses
 
@@ -144,7 +144,7 @@ def resize(image: tf.Tensor, image_size: int,
   truncating rounds without overflow; a bicubic one can overshoot and is
   clipped first. The crop is cast to float32 first: TensorFlow's float32
   kernel gives bit-identical samples faster than its uint8 kernel, cast
-  included (the resize table of tools/bench_input.py). Bicubic is
+  included (the resize table of lab/bench_input.py). Bicubic is
   tf.image.resize's (Keys a = -0.5, half-pixel centres), not TF1's
   resize_bicubic of tensorflow/tpu bit for bit.
   """

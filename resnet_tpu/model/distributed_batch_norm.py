@@ -220,7 +220,7 @@ def _group_normalize(x: tf.Tensor, gamma: tf.Tensor, beta: tf.Tensor,
         epsilon=epsilon, data_format="NHWC", is_training=False)
 
     def grad(dy):
-      # The scope name is what tools/dev/op_profile attributes.
+      # The scope name is what lab/dev/op_profile attributes.
       with tf.name_scope("group_batch_norm_grad"):
         # In inference form the reserve spaces are the mean and variance we
         # passed; we pass them again because the bfloat16 (Eigen) forward

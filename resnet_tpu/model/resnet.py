@@ -155,7 +155,7 @@ def build_resnet(depth: int = 50, num_classes: int = 1000,
   The dtype policy in force (keras.mixed_precision) decides the compute
   dtype; call this under `mixed_bfloat16` for bfloat16 training.
   stride_in_3x3=False puts the bottlenecks' stride on the first 1x1 conv
-  (ResNet v1, keras.applications' layout): only tools/bench_train.py uses
+  (ResNet v1, keras.applications' layout): only lab/bench_train.py uses
   it, to compare with Keras at equal FLOPs. float32_kernels=True runs the
   bfloat16 convs on float32 kernels (resnet_tpu/model/bfloat16_convs.py).
   bn_all_reduce, collective_timeout_s and bn_groups configure the BN groups'

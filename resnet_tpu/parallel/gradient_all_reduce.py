@@ -15,7 +15,7 @@ algorithm over one flat vector of every gradient:
            other columns first, at the same time, so both dimensions work
            in every phase.
 
-tools/allreduce_sim.py models the link traffic of each: its grid_2d is
+lab/allreduce_sim.py models the link traffic of each: its grid_2d is
 `2d`, its torus_2d is `2d_ying`.
 """
 import dataclasses

@@ -6,7 +6,7 @@ primitives. By default it switches oneDNN on only on x86 CPUs with
 neural-network features such as AVX-512 VNNI/BF16 or AMX (TensorFlow
 community RFC 400); on others, such as AVX2 CPUs, it runs Eigen's. On an
 AVX2 AMD EPYC, oneDNN trains our float32 ResNet-50 and the 8-replica BN
-benchmark faster (`python -m tools.dev.bench_cpu_kernels`; figures in
+benchmark faster (`python -m lab.dev.bench_cpu_kernels`; figures in
 bench_results/REPORT.md), so `--cpu_onednn=auto` turns it on for CPU runs
 (process_setup.apply_cpu_kernel_choice) and leaves TensorFlow's default on
 TPU and GPU hosts, where it was never measured. `TF_ENABLE_ONEDNN_OPTS=0` or

@@ -6,7 +6,7 @@ and trims the heap top above M_TRIM_THRESHOLD; tf.data fixes the mmap
 threshold at 128 KB (below), which also stops both thresholds from growing,
 so every step faults its buffers in again, page by page, and the kernel
 zeroes each page: `perf` on a float32 ResNet-50 step
-(`python -m tools.dev.profile_step`) puts a large share of the cycles in the
+(`python -m lab.dev.profile_step`) puts a large share of the cycles in the
 kernel's page-fault path (exc_page_fault, clear_page_erms).
 bench_results/REPORT.md ("Host memory") gives the step with and without this
 module.

@@ -1,6 +1,6 @@
 """TensorFlow's CPU kernels, oneDNN vs Eigen, on our training step.
 
-  python -m tools.dev.bench_cpu_kernels --output_dir=bench_results [--tiny]
+  python -m lab.dev.bench_cpu_kernels --output_dir=bench_results [--tiny]
   make bench-cpu-kernels    # the same, then REPORT.md again
 
 Not part of `make bench` (six child processes that each trace ResNet-50
@@ -10,7 +10,7 @@ the date it was measured.
 Why resnet_tpu/runtime/cpu_kernels.py turns TF_ENABLE_ONEDNN_OPTS on. TensorFlow
 reads that switch once, when it loads, so each measurement is a child process
 of its own, and the children alternate: Eigen, oneDNN, Eigen, oneDNN, ...
-Each child builds the workload of tools/bench_train.py (our ResNet-50, 1
+Each child builds the workload of lab/bench_train.py (our ResNet-50, 1
 replica, synthetic data, the production loop), traces and warms it up, then
 reports the median images/s of --calls timed calls of --steps steps, with
 freed host memory kept as in training (host_memory.py). The ratio
@@ -30,7 +30,7 @@ from absl import logging
 from resnet_tpu.runtime import cpu_kernels
 from resnet_tpu.runtime import host_memory
 from tools import bench_common
-from tools import bench_train
+from lab import bench_train
 
 FLAGS = flags.FLAGS
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
@@ -42,7 +42,7 @@ TINY = dict(image_size=32, batch_size=2, depth=18, steps=1, calls=1,
 
 def child(setup: dict) -> dict:
   """Runs in a child process: images/s of `calls` timed calls."""
-  host_memory.keep_freed_memory()  # as run.py and tools/bench_train.py do
+  host_memory.keep_freed_memory()  # as run.py and lab/bench_train.py do
   with tempfile.TemporaryDirectory() as tmp:
     cfg = bench_train.train_config("float32", setup["image_size"],
                                    setup["batch_size"], setup["depth"], tmp)
@@ -56,7 +56,7 @@ def run_child(setup: dict, onednn: str) -> dict:
   """One child process with TF_ENABLE_ONEDNN_OPTS=`onednn`; its result."""
   with tempfile.TemporaryDirectory() as tmp:
     path = os.path.join(tmp, "result.json")
-    command = [sys.executable, "-m", "tools.dev.bench_cpu_kernels",
+    command = [sys.executable, "-m", "lab.dev.bench_cpu_kernels",
                f"--child_json={path}",
                *(f"--{key}={value}" for key, value in setup.items()
                  if key != "repetitions")]
@@ -79,7 +79,7 @@ def markdown(summary: dict, setup: dict, ratio: float, date: str) -> str:
   return "\n".join([
       "### CPU kernels: oneDNN vs Eigen (resnet_tpu/runtime/cpu_kernels.py)",
       "",
-      f"Measured {date} by tools/dev/bench_cpu_kernels.py (`make "
+      f"Measured {date} by lab/dev/bench_cpu_kernels.py (`make "
       "bench-cpu-kernels`, not part of `make bench`). Our "
       f"ResNet-{setup['depth']}, {setup['image_size']} px, batch "
       f"{setup['batch_size']}, 1 replica, float32: one child process per "

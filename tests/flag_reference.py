@@ -1,6 +1,6 @@
 """Prints the README's flag reference table from resnet_tpu/flags.py.
 
-  python -m tools.flag_reference
+  python -m tests.flag_reference
 
 tests/test_readme.py checks that README.md contains exactly this table, so
 the reference cannot drift from the code.

@@ -1,8 +1,8 @@
 """Runs one benchmark workload in a loop, for a CPU profiler to sample.
 
-The workloads are those of tools/bench_train.py: a training step of our
+The workloads are those of lab/bench_train.py: a training step of our
 ResNet-50 or keras.applications.ResNet50 (1 replica, synthetic data), or the
-peak matmul, in float32 or bfloat16; and those of tools/bench_input.py: one
+peak matmul, in float32 or bfloat16; and those of lab/bench_input.py: one
 batch of the full training input pipeline (`input`), of the same pipeline
 with a full decode instead of the fused decode-and-crop
 (`input_full_decode`), or of the decode-only ceiling (`input_ceiling`), on
@@ -10,7 +10,7 @@ its generated JPEGs. Nothing is timed against anything here; this is the
 program to put under `perf` when a ratio of `make bench` needs explaining:
 
   perf record -g -o /tmp/step.perf -- \
-      python -m tools.dev.profile_step --workload=ours --precision=bfloat16
+      python -m lab.dev.profile_step --workload=ours --precision=bfloat16
   perf report -i /tmp/step.perf --no-children --sort dso,symbol
 
 (--bfloat16_conv_kernels=native profiles our model on TensorFlow's bfloat16
@@ -38,8 +38,8 @@ from absl import logging  # noqa: E402
 from resnet_tpu.runtime import host_memory  # noqa: E402
 from resnet_tpu.config import BFLOAT16_CONV_KERNELS  # noqa: E402
 from tools import bench_common  # noqa: E402
-from tools import bench_input  # noqa: E402
-from tools import bench_train  # noqa: E402
+from lab import bench_input  # noqa: E402
+from lab import bench_train  # noqa: E402
 
 FLAGS = flags.FLAGS
 INPUT_SWITCHES = {
@@ -118,7 +118,7 @@ if __name__ == "__main__":
   flags.DEFINE_integer("batch_size", 4, "Global batch (1 replica).")
   flags.DEFINE_integer("matmul_size", 2048, "Side of the matmul workload.")
   flags.DEFINE_integer("input_batch_size", 32,
-                       "Batch of the input workloads (as tools/bench_input).")
+                       "Batch of the input workloads (as lab/bench_input).")
   flags.DEFINE_integer("num_images", 192,
                        "JPEGs generated for the input workloads.")
   flags.DEFINE_float("seconds", 60.0, "Length of the profiled loop.")

@@ -1,6 +1,6 @@
 """Distributed-BN cost (Ying et al. §3.1): bn_group_size 1 vs 4 vs 8.
 
-  python -m tools.bench_bn_groups --output_dir=bench_results [--tiny]
+  python -m lab.bench_bn_groups --output_dir=bench_results [--tiny]
 
 8 virtual CPU replicas under MirroredStrategy, the same per-replica batch,
 ResNet trained by the production loop; only the BN group size changes. The

@@ -1,6 +1,6 @@
 """Prints the README's module list: every source file, its lines, its purpose.
 
-  python -m tools.module_list
+  python -m tests.module_list
 
 The purpose is the first line of the module's docstring. tests/test_readme.py
 checks that README.md contains exactly this table, so the layout section
@@ -12,7 +12,7 @@ import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The product's source folders, in the order data flows through them.
-FOLDERS = ("resnet_tpu", "resnet_tpu/*", "data", "tools")
+FOLDERS = ("resnet_tpu", "resnet_tpu/*", "data", "tools", "lab")
 
 
 def source_files(root: str = ROOT) -> list[str]:

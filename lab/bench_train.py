@@ -1,6 +1,6 @@
 """Training-step benchmarks: ours vs keras.applications.ResNet50, MFU, host loop.
 
-  python -m tools.bench_train --output_dir=bench_results [--tiny]
+  python -m lab.bench_train --output_dir=bench_results [--tiny]
 
 1. Throughput (images/s) of our ResNet-50 (DistributedBatchNormalization,
    custom loop, 1 replica, bn_group_size 1) against

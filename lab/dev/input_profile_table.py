@@ -1,14 +1,14 @@
 """Where the input pipeline's CPU cycles go: `perf` profiles grouped by stage.
 
-Profile the input workloads of tools/dev/profile_step.py while their loop runs
+Profile the input workloads of lab/dev/profile_step.py while their loop runs
 (attach after "profiling window starts" so that data generation and warm-up
 are left out), then group each profile's symbols:
 
-  python -m tools.dev.profile_step --workload=input --seconds=30 &
+  python -m lab.dev.profile_step --workload=input --seconds=30 &
   # once it logs "profiling window starts":
   perf record -F 999 -p $! -o /tmp/input.perf -- sleep 20
   (the same for --workload=input_full_decode and --workload=input_ceiling)
-  python -m tools.dev.input_profile_table /tmp/input.perf /tmp/input_ceiling.perf
+  python -m lab.dev.input_profile_table /tmp/input.perf /tmp/input_ceiling.perf
 
 Prints a markdown table: the share of samples per stage for each profile.
 Explains bench_input's two headline ratios (Ying et al. 2018 §3.2).

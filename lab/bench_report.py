@@ -1,6 +1,6 @@
 """Assembles bench_results/REPORT.md from the benchmarks' JSON and markdown.
 
-  python -m tools.bench_report --output_dir=bench_results
+  python -m lab.bench_report --output_dir=bench_results
 
 Run by `make bench` after its benchmarks, and by `make bench-collectives`,
 `make bench-cpu-kernels` and `make profile-ops` after theirs. It measures
@@ -18,21 +18,21 @@ RERUN = "make bench"
 # (markdown part, section title, command that writes it); `make bench` first.
 PARTS = (
     ("train.md", "Training step, MFU, host memory, host loop "
-     "(tools/bench_train.py)", RERUN),
+     "(lab/bench_train.py)", RERUN),
     ("bn_groups.md", "Distributed batch norm, Ying et al. §3.1 "
-     "(tools/bench_bn_groups.py)", RERUN),
+     "(lab/bench_bn_groups.py)", RERUN),
     ("input.md", "Input pipeline, Ying et al. §3.2, Fig. 5 "
-     "(tools/bench_input.py)", RERUN),
+     "(lab/bench_input.py)", RERUN),
     ("allreduce_sim.md", "All-reduce cost model, Ying et al. §3.3 and "
-     "Mikami et al. (tools/allreduce_sim.py)", RERUN),
+     "Mikami et al. (lab/allreduce_sim.py)", RERUN),
     ("collectives.md", "Developer: BN group all-reduce, collective vs masked "
-     "(tools/dev/bench_collectives.py)", "make bench-collectives"),
+     "(lab/dev/bench_collectives.py)", "make bench-collectives"),
     ("cpu_kernels.md", "Developer: CPU kernels, oneDNN vs Eigen "
-     "(tools/dev/bench_cpu_kernels.py)", "make bench-cpu-kernels"),
+     "(lab/dev/bench_cpu_kernels.py)", "make bench-cpu-kernels"),
     ("op_profile_ours_ours_v1_layout_keras.md", "Developer: op time of the "
-     "ResNet-50 steps (tools/dev/op_profile.py)", "make profile-ops"),
+     "ResNet-50 steps (lab/dev/op_profile.py)", "make profile-ops"),
     ("op_profile_bn_group1_bn_group4_bn_group8.md", "Developer: op time of "
-     "the BN-group steps (tools/dev/op_profile.py)", "make profile-ops"),
+     "the BN-group steps (lab/dev/op_profile.py)", "make profile-ops"),
 )
 # What each summary.json key compares (a ratio of medians), in report order.
 MEANINGS = {

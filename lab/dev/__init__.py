@@ -2,5 +2,5 @@
 sample, and the A/B runs behind machine-specific defaults.
 
 Not needed to train, export or reproduce the papers' figures; their tests run
-with `make test-dev`, not `make test`. Run as `python -m tools.dev.<name>`.
+with `make test-lab`, not `make test`. Run as `python -m lab.dev.<name>`.
 """

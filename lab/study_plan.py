@@ -52,7 +52,7 @@ class Scale:
   steps_per_loop: int = 25
 
 
-# `make study` on 2 CPU cores; tools/study.py prints its estimate first.
+# `make study` on 2 CPU cores; lab/study.py prints its estimate first.
 DEFAULT = Scale(num_train=10000, num_test=10000, seeds=(0, 1), bn_steps=150,
                 bn_per_replica=4, passes=2.0, batches=(256, 1024, 4096),
                 micro_per_replica=32, growing="0:1024,30:2048,60:4096")

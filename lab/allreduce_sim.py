@@ -50,7 +50,7 @@ Link parameters (overridable by flags):
 vectors of small tori; tests check the exact sum on every chip and that the
 executed rounds and bytes per link direction equal the closed-form model.
 
-Usage: python -m tools.allreduce_sim --output_dir bench_results
+Usage: python -m lab.allreduce_sim --output_dir bench_results
 """
 from __future__ import annotations
 
@@ -609,7 +609,7 @@ def _parse_shapes(text: str) -> list[tuple[int, int]]:
 def _parser() -> argparse.ArgumentParser:
   # argparse rather than absl flags: importing this tool must not register
   # names in the global flag namespace that main.py owns.
-  p = argparse.ArgumentParser(prog="python -m tools.allreduce_sim",
+  p = argparse.ArgumentParser(prog="python -m lab.allreduce_sim",
                               description=__doc__.splitlines()[0])
   p.add_argument("--output_dir", default="bench_results",
                  help="Directory for allreduce_sim.md, .json and .png.")

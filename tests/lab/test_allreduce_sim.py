@@ -1,11 +1,11 @@
-"""tools/allreduce_sim.py: exact execution on small tori pins the cost model."""
+"""lab/allreduce_sim.py: exact execution on small tori pins the cost model."""
 import functools
 import json
 
 import numpy as np
 import pytest
 
-from tools import allreduce_sim as sim
+from lab import allreduce_sim as sim
 
 GRIDS = [(2, 2), (2, 4), (4, 4), (3, 5)]
 ALPHA_S, BYTES_PER_S, ITEMSIZE = 1e-6, 1e11, 4

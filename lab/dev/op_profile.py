@@ -1,15 +1,15 @@
 """Where a training step's time goes, op by op, from TensorFlow's profiler.
 
   make profile-ops   # both of:
-  python -m tools.dev.op_profile --workloads=ours,ours_v1_layout,keras \\
+  python -m lab.dev.op_profile --workloads=ours,ours_v1_layout,keras \\
       --output_dir=bench_results
-  python -m tools.dev.op_profile --workloads=bn_group1,bn_group4,bn_group8 \\
+  python -m lab.dev.op_profile --workloads=bn_group1,bn_group4,bn_group8 \\
       --output_dir=bench_results
 
 `make bench` gives ratios; this tool says which ops make them. Each workload
 is the one its benchmark times: `ours`, `ours_v1_layout` and `keras` are
-tools/bench_train.py's ResNet-50 steps (1 replica, 224 px, batch 4);
-`bn_groupN` is tools/bench_bn_groups.py's ResNet-18 step on 8 virtual CPU
+lab/bench_train.py's ResNet-50 steps (1 replica, 224 px, batch 4);
+`bn_groupN` is lab/bench_bn_groups.py's ResNet-18 step on 8 virtual CPU
 replicas at bn_group_size N. Every workload is built and warmed up first;
 then, --repetitions times, each in turn is traced by `tf.profiler` for
 --steps steps, and the kernel time of every op the executor ran is summed
@@ -45,9 +45,9 @@ from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: E402
 
 from resnet_tpu.runtime import host_memory  # noqa: E402
 from resnet_tpu.parallel.strategy import configure_cpu_replicas  # noqa: E402
-from tools import bench_bn_groups  # noqa: E402
+from lab import bench_bn_groups  # noqa: E402
 from tools import bench_common  # noqa: E402
-from tools import bench_train  # noqa: E402
+from lab import bench_train  # noqa: E402
 
 FLAGS = flags.FLAGS
 STEP_WORKLOADS = {"ours": None, "ours_v1_layout": bench_train.ours_v1_layout,
@@ -189,7 +189,7 @@ def markdown(results: dict[str, dict], precision: str, steps: int,
       f"{precision}. Kernel time summed over the threads that run ops, ms "
       "per step (share of the column's op time): medians of "
       f"{repetitions} alternating repetitions of {steps} profiled steps; "
-      f"`python -m tools.dev.op_profile --workloads={','.join(names)}`.",
+      f"`python -m lab.dev.op_profile --workloads={','.join(names)}`.",
       "",
       "| category | " + " | ".join(names) + " |",
       "|---|" + "---:|" * len(names),

@@ -14,9 +14,9 @@ alternate within each repetition; the table gives the median and the min-max
 over repetitions, and the median CPU time per image, which other load on a
 shared machine disturbs far less.
 
-  python -m tools.bench_input          # bench_results/input.{json,md}
-  python -m tools.bench_input --tiny   # smoke test, < 20 s
-  python -m tools.bench_input --jpeg_dir=DIR --output_dir=OUT  # your JPEGs
+  python -m lab.bench_input          # bench_results/input.{json,md}
+  python -m lab.bench_input --tiny   # smoke test, < 20 s
+  python -m lab.bench_input --jpeg_dir=DIR --output_dir=OUT  # your JPEGs
 
 The two headline ratios are merged into bench_results/summary.json.
 """

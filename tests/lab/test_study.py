@@ -1,4 +1,4 @@
-"""tools/study.py --smoke runs every study end to end, so the tool cannot rot.
+"""lab/study.py --smoke runs every study end to end, so the tool cannot rot.
 
 The data are a made-up Fashion-MNIST in the package's own idx format (300
 training and 150 test images of a bar whose row is the class), so the test
@@ -16,9 +16,10 @@ import sys
 import numpy as np
 import pytest
 
-from tools import study_data
+from lab import study_data
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
 STUDIES = ("a_distributed_bn", "b_large_batch", "c_batch_size_control")
 NUM_TEST = 100  # the smoke scale's test images (study_plan.SMOKE)
 
@@ -48,7 +49,7 @@ def smoke(tmp_path_factory):
   (root / "idx").mkdir()
   fake_fashion_mnist(root / "idx")
   result = subprocess.run(
-      [sys.executable, "-m", "tools.study", "--smoke",
+      [sys.executable, "-m", "lab.study", "--smoke",
        f"--fashion_mnist_dir={root / 'idx'}", f"--cache_dir={root / 'cache'}",
        f"--work_dir={root / 'work'}", f"--output_dir={root / 'out'}"],
       cwd=ROOT, capture_output=True, text=True, timeout=600)

@@ -25,9 +25,9 @@ from resnet_tpu.runtime import compat
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.train.metrics_log import read_metrics
 from resnet_tpu.run import run
-from tools import study_plan
-from tools import study_report
-from tools.study_data import StudyData
+from lab import study_plan
+from lab import study_report
+from lab.study_data import StudyData
 
 # Eval images per step over all replicas (divisible by 8 and by 2).
 EVAL_BATCH = 1000
@@ -187,7 +187,7 @@ class Runner:
     return (f"{s.micro_replicas} CPU replicas x {s.micro_per_replica} "
             f"images a micro-batch (the BN batch); larger global batches "
             f"accumulate micro-batches; {s.passes:g} passes over the "
-            f"training images per run; LR rules of tools/study_plan.py; "
+            f"training images per run; LR rules of lab/study_plan.py; "
             f"label smoothing 0.1 unless the point says 0.0. " + shared)
 
   def plan(self, names: list[str]) -> list[study_plan.Run]:

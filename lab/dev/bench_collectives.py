@@ -14,8 +14,8 @@ tf.function host loop, as the trainer does. After a warm-up call, the two
 implementations alternate (A B A B ...) for --repetitions rounds; the table
 gives the median and min-max of ms per step.
 
-  python -m tools.dev.bench_collectives          # bench_results/collectives.*
-  python -m tools.dev.bench_collectives --tiny   # smoke test, < 30 s
+  python -m lab.dev.bench_collectives          # bench_results/collectives.*
+  python -m lab.dev.bench_collectives --tiny   # smoke test, < 30 s
 
 The headline ratios are merged into bench_results/summary.json.
 """

@@ -1,15 +1,15 @@
 r"""The papers' central claims at laptop scale, on real photos.
 
-  python -m tools.study [--studies=a,b,c] [--smoke | --full] \
+  python -m lab.study [--studies=a,b,c] [--smoke | --full] \
       [--image_dir=D] [--estimate_only]
 
 Trains the project's own ResNet through the real path: class-folder JPEGs
 -> data/build_tfrecords.py -> the input pipeline -> resnet_tpu.run.run on
 CPU replicas -> evaluation over every test image. The default data is
 Fashion-MNIST from Debian's dataset-fashion-mnist package, written once as
-32 px RGB JPEGs and cached (tools/study_data.py); --image_dir takes any
+32 px RGB JPEGs and cached (lab/study_data.py); --image_dir takes any
 train/<class>/ + validation/<class>/ (or test/<class>/) image set instead.
-tools/study_plan.py defines the three studies and the one LR rule of each
+lab/study_plan.py defines the three studies and the one LR rule of each
 optimizer:
 
   a  distributed BN (Ying et al. 2018 §3.1): BN group sizes 1-8 on 8
@@ -39,9 +39,9 @@ from absl import flags
 from absl import logging
 
 from resnet_tpu.parallel.strategy import configure_cpu_replicas
-from tools import study_plan
-from tools import study_data
-from tools import study_runner
+from lab import study_plan
+from lab import study_data
+from lab import study_runner
 
 FLAGS = flags.FLAGS
 STUDIES = ("a", "b", "c")
@@ -76,7 +76,7 @@ def define_flags() -> None:
 def command(argv: list[str]) -> str:
   """The command line without machine-specific path flags."""
   kept = [a for a in argv[1:] if not a.startswith(PATH_FLAGS)]
-  return " ".join(["python -m tools.study"] + kept)
+  return " ".join(["python -m lab.study"] + kept)
 
 
 def run_studies(names: list[str], scale: study_plan.Scale,

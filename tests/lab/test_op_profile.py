@@ -1,4 +1,4 @@
-"""tools/dev/op_profile.py: op categories, trace parsing, and a tiny run."""
+"""lab/dev/op_profile.py: op categories, trace parsing, and a tiny run."""
 import json
 import os
 import subprocess
@@ -7,7 +7,7 @@ import sys
 import pytest
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-from tools.dev import op_profile
+from lab.dev import op_profile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEP = "while/body/_1/while/"
@@ -84,7 +84,7 @@ def test_op_times_sums_op_kernels_of_the_op_threads_only():
 
 def test_tiny_profile_finds_the_step_s_ops(tmp_path):
   result = subprocess.run(
-      [sys.executable, "-m", "tools.dev.op_profile", "--tiny", "--steps=1",
+      [sys.executable, "-m", "lab.dev.op_profile", "--tiny", "--steps=1",
        "--workloads=ours,bn_group4", "--repetitions=2",
        f"--output_dir={tmp_path}"],
       cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -111,7 +111,7 @@ def test_tiny_profile_finds_the_step_s_ops(tmp_path):
 ])
 def test_bad_flags_are_named(args, named):
   result = subprocess.run(
-      [sys.executable, "-m", "tools.dev.op_profile", *args],
+      [sys.executable, "-m", "lab.dev.op_profile", *args],
       cwd=ROOT, capture_output=True, text=True, timeout=120)
   assert result.returncode != 0
   for text in named:
