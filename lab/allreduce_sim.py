@@ -8,7 +8,7 @@ column, and both dimensions wrap around.
   links): reduce-scatter, then all-gather. The baseline of Ying et al. §3.3.
   Runs as `--gradient_all_reduce=ring` (gradient_all_reduce.ring_all_reduce),
   where TensorFlow picks the ring.
-* `torus_2d`: Ying et al. §3.3. The payload is split in halves reduced
+* `ying_2d`: Ying et al. §3.3. The payload is split in halves reduced
   concurrently. Half A: reduce-scatter along x, reduce-scatter along y,
   all-gather along y, all-gather along x. Half B: the same with y first. In
   every phase one half uses the x links and the other the y links. Runs as
@@ -16,7 +16,7 @@ column, and both dimensions wrap around.
 * `grid_2d`: Mikami et al. 2018, "2D-Torus all-reduce": reduce-scatter along
   rows, all-reduce (reduce-scatter + all-gather) along columns, all-gather
   along rows. One link dimension at a time. Runs as
-  `--gradient_all_reduce=2d` (gradient_all_reduce.torus_2d_all_reduce).
+  `--gradient_all_reduce=2d` (gradient_all_reduce.mikami_2d_torus_all_reduce).
 
 The executable grid X x Y (--all_reduce_grid, X replicas per row) is the
 torus rows=Y, cols=X here, with replica r on chip r.
@@ -26,7 +26,7 @@ values sent along rows (x) and columns (y) equal those of `build_schedule`
 and the closed forms below.
 
 Cost model (alpha-beta). The payload is cut into streams: the two halves of
-`torus_2d` and, with bidirectional links, a counter-rotating copy of every
+`ying_2d` and, with bidirectional links, a counter-rotating copy of every
 stream over the reverse link directions. An algorithm is a sequence of phases
 (reduce-scatter, all-gather, per dimension) with a barrier between phases.
 Within a phase the streams run independently on disjoint link directions (the
@@ -67,10 +67,10 @@ import numpy as np
 
 RESNET50_NUM_VALUES = 25_557_032
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
-ALGORITHMS = ("ring_1d", "torus_2d", "grid_2d")
+ALGORITHMS = ("ring_1d", "ying_2d", "grid_2d")
 ALGORITHM_TITLES = {
     "ring_1d": "1-D ring",
-    "torus_2d": "2-D torus (Ying §3.3)",
+    "ying_2d": "2-D torus (Ying §3.3)",
     "grid_2d": "2-D grid (Mikami)",
 }
 DEFAULT_SHAPES = ((2, 4), (4, 4), (4, 8), (8, 8), (8, 16), (16, 16), (16, 32),
@@ -183,7 +183,7 @@ def _phases(algorithm: str, rows: int, cols: int,
 
 def _stream_bytes(algorithm: str, payload_bytes: float,
                   bidirectional: bool) -> float:
-  halves = 2 if algorithm == "torus_2d" else 1
+  halves = 2 if algorithm == "ying_2d" else 1
   return payload_bytes / (halves * (2 if bidirectional else 1))
 
 
@@ -210,7 +210,7 @@ def model_link_loads(algorithm: str, rows: int, cols: int,
                      bidirectional: bool) -> dict[float, int]:
   """Bytes a used link direction carries -> number of such link directions.
 
-  ring_1d: each ring link direction carries 2(N-1)/N of its stream. torus_2d:
+  ring_1d: each ring link direction carries 2(N-1)/N of its stream. ying_2d:
   an x link carries half A's x traffic plus half B's, which the y phase has
   already cut by `rows` (symmetrically for y links).
   """
@@ -353,7 +353,7 @@ def build_schedule(algorithm: str, rows: int, cols: int, num_values: int,
   """Every message of one all-reduce of `num_values`: phases of lanes."""
   _check(algorithm, rows, cols)
   directions = (False, True) if bidirectional else (False,)
-  per_direction = 2 if algorithm == "torus_2d" else 1
+  per_direction = 2 if algorithm == "ying_2d" else 1
   multiple = len(directions) * per_direction * rows * cols
   if num_values % multiple:
     raise ValueError(
@@ -455,7 +455,7 @@ def speedups(shape: tuple[int, int], num_values: int,
     times = {a: model_cost(a, *shape, num_values * itemsize, link).total_s
              for a in ALGORITHMS}
     out[dtype] = {a: times["ring_1d"] / times[a]
-                  for a in ("torus_2d", "grid_2d")}
+                  for a in ("ying_2d", "grid_2d")}
   return out
 
 
@@ -471,7 +471,7 @@ def _table(results: list[dict], dtype: str) -> list[str]:
     lines.append(
         f"| {torus} | {rows[(torus, 'ring_1d')]['chips']} | "
         + " | ".join(f"{t[a] * 1e3:.3f}" for a in ALGORITHMS)
-        + f" | {t['ring_1d'] / t['torus_2d']:.2f}x"
+        + f" | {t['ring_1d'] / t['ying_2d']:.2f}x"
         f" | {t['ring_1d'] / t['grid_2d']:.2f}x |")
   return lines
 
@@ -483,8 +483,8 @@ def _sensitivity_table(num_values: int, link: LinkModel) -> list[str]:
     s = speedups(HEADLINE_SHAPE, num_values,
                  dataclasses.replace(link, alpha_s=alpha * 1e-6))
     lines.append(
-        f"| {alpha:g} | {s['fp32']['torus_2d']:.2f}x | "
-        f"{s['bf16']['torus_2d']:.2f}x | {s['fp32']['grid_2d']:.2f}x | "
+        f"| {alpha:g} | {s['fp32']['ying_2d']:.2f}x | "
+        f"{s['bf16']['ying_2d']:.2f}x | {s['fp32']['grid_2d']:.2f}x | "
         f"{s['bf16']['grid_2d']:.2f}x |")
   return lines
 
@@ -493,8 +493,8 @@ def _explanation(num_values: int, link: LinkModel) -> list[str]:
   rows, cols = HEADLINE_SHAPE
   payload = num_values * DTYPE_BYTES["fp32"]
   ring = model_cost("ring_1d", rows, cols, payload, link)
-  torus = model_cost("torus_2d", rows, cols, payload, link)
-  rect = model_cost("torus_2d", 16, 64, payload, link)
+  torus = model_cost("ying_2d", rows, cols, payload, link)
+  rect = model_cost("ying_2d", 16, 64, payload, link)
   return [
       "- Bandwidth alone (alpha = 0) gives exactly 2x on a square torus: the "
       "1-D ring moves 2(N-1)/N of the payload over one link per chip and "
@@ -535,8 +535,8 @@ def render_markdown(results: list[dict], num_values: int,
       "rings.", "",
       *[f"- {source}" for source in LINK_SOURCES], "",
       f"**Modelled 2-D torus / 1-D ring speed-up at {shape} (1024 chips): "
-      f"{head['fp32']['torus_2d']:.2f}x fp32, "
-      f"{head['bf16']['torus_2d']:.2f}x bf16** (2-D grid: "
+      f"{head['fp32']['ying_2d']:.2f}x fp32, "
+      f"{head['bf16']['ying_2d']:.2f}x bf16** (2-D grid: "
       f"{head['fp32']['grid_2d']:.2f}x fp32, "
       f"{head['bf16']['grid_2d']:.2f}x bf16).", "",
   ]

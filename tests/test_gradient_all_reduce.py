@@ -239,7 +239,7 @@ def test_2d_ying_sums_one_half_rows_first_and_the_other_columns_first_at_once(
 
 
 # Executable option -> its model in lab/allreduce_sim.py.
-SIM_ALGORITHM = {"2d_ying": "torus_2d", "2d": "grid_2d"}
+SIM_ALGORITHM = {"2d_ying": "ying_2d", "2d": "grid_2d"}
 _PORT_DIMS = {"x": "row", "y": "column"}  # x runs along a row.
 
 
@@ -270,7 +270,7 @@ def _as_ring_phases(phases):
 @pytest.mark.parametrize("grid", [(4, 2), (2, 4), (4, 4)], ids=_id)
 def test_simulator_counts_the_values_and_steps_the_executable_sends(algorithm,
                                                                    grid):
-  """The torus_2d and grid_2d models of lab.allreduce_sim are 2d_ying and
+  """The ying_2d and grid_2d models of lab.allreduce_sim are 2d_ying and
   2d: the traced graph's phases, ring steps and values sent by each replica
   along rows and along columns equal the simulator's, chip by chip."""
   cols, rows = grid

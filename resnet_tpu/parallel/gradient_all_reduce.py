@@ -16,7 +16,7 @@ algorithm over one flat vector of every gradient:
            in every phase.
 
 lab/allreduce_sim.py models the link traffic of each: its grid_2d is
-`2d`, its torus_2d is `2d_ying`.
+`2d`, its ying_2d is `2d_ying`.
 """
 import dataclasses
 
@@ -48,7 +48,7 @@ def _grid_position(grid: Grid, ctx: tf.distribute.ReplicaContext
   return divmod(replica_groups.static_replica_id(ctx), cols)
 
 
-def torus_2d_all_reduce(x: tf.Tensor, grid: Grid,
+def mikami_2d_torus_all_reduce(x: tf.Tensor, grid: Grid,
                         ctx: tf.distribute.ReplicaContext,
                         timeout_seconds: float = 0.0) -> tf.Tensor:
   """2D-Torus all-reduce (Mikami et al. 2018) of a 1-D tensor.
@@ -95,7 +95,7 @@ def ying_2d_all_reduce(x: tf.Tensor, grid: Grid,
                        timeout_seconds: float = 0.0) -> tf.Tensor:
   """2-D gradient summation (Ying et al. 2018 §3.3) of a 1-D tensor.
 
-  Replicas form `grid` = (X, Y) as in `torus_2d_all_reduce`. `x`, padded
+  Replicas form `grid` = (X, Y) as in `mikami_2d_torus_all_reduce`. `x`, padded
   to a multiple of 2XY, is cut in two halves reduced concurrently along the
   two dimensions: the first half is reduce-scattered along the row, then
   along the column, and all-gathered back along the column, then the row;
@@ -167,7 +167,7 @@ class GradientSummation:
       return ring_all_reduce(flat, ctx, self.timeout_seconds)
     grid = self.grid or default_grid(ctx.num_replicas_in_sync)
     two_d = (ying_2d_all_reduce if self.algorithm == "2d_ying" else
-             torus_2d_all_reduce)
+             mikami_2d_torus_all_reduce)
     return two_d(flat, grid, ctx, self.timeout_seconds)
 
   def _check_context(self, ctx: tf.distribute.ReplicaContext) -> None:

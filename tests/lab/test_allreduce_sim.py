@@ -60,7 +60,7 @@ def test_executed_bytes_on_every_link_direction_equal_the_model(
 
 
 @pytest.mark.parametrize("algorithm,links_per_chip",
-                         [("ring_1d", 2), ("grid_2d", 4), ("torus_2d", 4)])
+                         [("ring_1d", 2), ("grid_2d", 4), ("ying_2d", 4)])
 def test_bidirectional_run_uses_this_many_link_directions_per_chip(
     algorithm, links_per_chip):
   _, execution = _run(algorithm, 4, 4, True)
@@ -97,7 +97,7 @@ def test_bandwidth_only_2d_torus_is_exactly_2x_the_1d_ring_on_square_tori(
     side):
   link = sim.LinkModel(0.0, BYTES_PER_S, bidirectional=True)
   ring = sim.model_cost("ring_1d", side, side, 1e8, link).total_s
-  torus = sim.model_cost("torus_2d", side, side, 1e8, link).total_s
+  torus = sim.model_cost("ying_2d", side, side, 1e8, link).total_s
   assert ring / torus == pytest.approx(2.0, rel=1e-12)
 
 
@@ -114,8 +114,8 @@ def test_no_execution_beats_its_busiest_link_direction(algorithm, rows, cols,
 @pytest.mark.parametrize("rows,cols", [(2, 4), (3, 5), (32, 32), (16, 64)])
 def test_bandwidth_only_2d_torus_runs_at_its_busiest_link_bound(rows, cols):
   link = sim.LinkModel(0.0, BYTES_PER_S, bidirectional=True)
-  loads = sim.model_link_loads("torus_2d", rows, cols, 1e8, True)
-  cost = sim.model_cost("torus_2d", rows, cols, 1e8, link)
+  loads = sim.model_link_loads("ying_2d", rows, cols, 1e8, True)
+  cost = sim.model_cost("ying_2d", rows, cols, 1e8, link)
   assert cost.total_s == pytest.approx(max(loads) / BYTES_PER_S, rel=1e-12)
 
 
@@ -131,7 +131,7 @@ def test_2d_grid_keeps_the_1d_ring_bandwidth_and_only_cuts_steps(rows, cols):
 def test_on_square_tori_2d_torus_beats_2d_grid_beats_1d_ring(side):
   times = {a: sim.model_cost(a, side, side, 1e8, LINK).total_s
            for a in sim.ALGORITHMS}
-  assert times["torus_2d"] < times["grid_2d"] < times["ring_1d"]
+  assert times["ying_2d"] < times["grid_2d"] < times["ring_1d"]
 
 
 @pytest.mark.parametrize("algorithm", sim.ALGORITHMS)
@@ -163,7 +163,7 @@ def test_executor_rejects_concurrent_lanes_sharing_a_link_direction():
 
 def test_schedule_rejects_a_payload_that_does_not_split_into_equal_chunks():
   with pytest.raises(ValueError, match="multiple of 64"):
-    sim.build_schedule("torus_2d", 4, 4, 100, bidirectional=True)
+    sim.build_schedule("ying_2d", 4, 4, 100, bidirectional=True)
 
 
 def test_cli_writes_markdown_json_and_png(tmp_path, capsys):
@@ -176,5 +176,5 @@ def test_cli_writes_markdown_json_and_png(tmp_path, capsys):
   assert "speed-up at 32x32 (1024 chips)" in markdown
   assert markdown in capsys.readouterr().out
   assert len(report["results"]) == 3 * 2 * len(sim.ALGORITHMS)
-  assert report["speedup_over_ring_1d_at_32x32"]["fp32"]["torus_2d"] > 1
+  assert report["speedup_over_ring_1d_at_32x32"]["fp32"]["ying_2d"] > 1
   assert png.startswith(b"\x89PNG")
