@@ -1,5 +1,7 @@
-"""The lab beside the product: benchmarks, studies, the all-reduce cost model
-and the profilers (dev/); run as `python -m lab.<name>`.
+"""Benchmarks, studies, the all-reduce cost model, profilers: the lab.
+
+Beside the product, not in it; run as `python -m lab.<name>`. The profilers
+and the A/B runs behind machine-specific defaults are in dev/.
 
 Quiets TensorFlow's C++ start-up logs before any of them loads it
 (resnet_tpu/runtime/process_setup.py); the CPU benchmarks choose oneDNN's

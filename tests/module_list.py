@@ -1,28 +1,41 @@
-"""Prints the README's module list: every source file, its lines, its purpose.
+"""Prints the README's layout: each top-level module and package, its lines,
+its purpose.
 
   python -m tests.module_list
 
-The purpose is the first line of the module's docstring. tests/test_readme.py
-checks that README.md contains exactly this table, so the layout section
-cannot drift from the tree.
+The purpose is the first line of the module's docstring (a package's: of its
+__init__.py); a package's lines are those of all its modules. One row per
+subpackage of resnet_tpu, one per other folder. tests/test_readme.py checks
+that README.md contains exactly this table, so the layout section cannot
+drift from the tree.
 """
 import ast
 import glob
 import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# The product's source folders, in the order data flows through them.
-FOLDERS = ("resnet_tpu", "resnet_tpu/*", "data", "tools", "lab")
+# resnet_tpu's modules and subpackages, in the order data flows through
+# them, then the other source folders.
+ENTRIES = ("main.py", "resnet_tpu/clock.py", "resnet_tpu/config.py",
+           "resnet_tpu/flags.py", "resnet_tpu/runtime/",
+           "resnet_tpu/parallel/", "resnet_tpu/inputs/", "resnet_tpu/model/",
+           "resnet_tpu/optim/", "resnet_tpu/train/", "resnet_tpu/preflight.py",
+           "resnet_tpu/export.py", "resnet_tpu/run.py", "data/", "tools/",
+           "lab/")
 
 
 def source_files(root: str = ROOT) -> list[str]:
-  """main.py and the modules of FOLDERS (no __init__.py), relative paths."""
-  files = ["main.py"]
-  for folder in FOLDERS:
-    files += sorted(os.path.relpath(p, root) for p in
-                    glob.glob(os.path.join(root, folder, "*.py"))
-                    if not p.endswith("__init__.py"))
-  return files
+  """Every .py file of the package and the folders, relative paths."""
+  files = []
+  for folder in ("resnet_tpu", "data", "tools", "lab"):
+    files += [os.path.relpath(p, root) for p in glob.glob(
+        os.path.join(root, folder, "**", "*.py"), recursive=True)]
+  return ["main.py"] + sorted(files)
+
+
+def _lines(path: str) -> int:
+  with open(path) as f:
+    return sum(1 for _ in f)
 
 
 def purpose(path: str) -> str:
@@ -33,12 +46,15 @@ def purpose(path: str) -> str:
 
 
 def module_table(root: str = ROOT) -> str:
-  lines = ["| file | lines | purpose |", "|---|---:|---|"]
-  for name in source_files(root):
-    path = os.path.join(root, name)
-    with open(path) as f:
-      count = sum(1 for _ in f)
-    lines.append(f"| `{name}` | {count} | {purpose(path)} |")
+  lines = ["| module or package | lines | purpose |", "|---|---:|---|"]
+  files = source_files(root)
+  for entry in ENTRIES:
+    members = [f for f in files if f == entry or (
+        entry.endswith("/") and f.startswith(entry))]
+    count = sum(_lines(os.path.join(root, f)) for f in members)
+    doc = os.path.join(root, entry, "__init__.py") if entry.endswith(
+        "/") else os.path.join(root, entry)
+    lines.append(f"| `{entry}` | {count} | {purpose(doc)} |")
   return "\n".join(lines) + "\n"
 
 

@@ -1,5 +1,4 @@
-"""Export, evaluation, plots and the accelerator check; run as
-`python -m tools.<name>`.
+"""Export, evaluation, plots, the accelerator check: `python -m tools.<name>`.
 
 Quiets TensorFlow's C++ start-up logs before any tool loads it
 (resnet_tpu/runtime/process_setup.py). Export, evaluate and the accelerator

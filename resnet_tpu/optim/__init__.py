@@ -1,2 +1,5 @@
-"""What turns gradients into updates: the optimizers, LARS, RMSprop warm-up and
-the learning-rate schedules, all in epochs."""
+"""Gradients to updates: optimizers, LARS, RMSprop warm-up, LR schedules.
+
+Every schedule is a function of the epoch (the TF-free clock.py), so a
+batch-size schedule (Mikami et al. 2018) keeps its shape in epochs.
+"""
