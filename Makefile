@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 DEMO_DATA := demo_data
 DEMO_RUN := runs/demo
 
-.PHONY: venv test test-dev test-tpu-build check-requirements demo bench \
+.PHONY: venv lint test test-lab test-tpu-build check-requirements demo bench \
 	bench-collectives bench-cpu-kernels profile-ops accelerator-check study clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
@@ -17,6 +17,21 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 
 venv: $(VENV)/.installed
 
+# Imports run only down the package's data flow (.importlinter's layers),
+# and ruff.toml's checks hold; both read the source, neither loads
+# TensorFlow, so their venv is small.
+LINT_VENV := .venv-lint
+
+$(LINT_VENV)/.installed: requirements-lint.txt
+	$(PYTHON) -m venv $(LINT_VENV)
+	$(LINT_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(LINT_VENV)/bin/python -m pip install --quiet -r requirements-lint.txt
+	touch $@
+
+lint: $(LINT_VENV)/.installed
+	PYTHONPATH=. $(LINT_VENV)/bin/lint-imports --no-cache
+	$(LINT_VENV)/bin/ruff check --no-cache .
+
 # The suite runs in TEST_WORKERS processes (pytest-xdist; 0: in pytest's
 # own process), a test file per process at a time, so module fixtures are
 # built once. Two keep a 2-core machine busy: tracing is single-threaded.
@@ -25,9 +40,11 @@ TEST_WORKERS ?= 2
 test: venv
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15
 
-# The developer profilers' tests (tools/dev), left out of `make test`.
-test-dev: venv
-	$(PY) -m pytest -q --durations=15 tests/dev
+# The lab's runs at their tiniest settings (tests/lab): benchmarks, studies,
+# the all-reduce model and the profilers. `make test` runs one smoke each.
+test-lab: venv
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15 \
+	    tests/lab
 
 # The suite's TPU-build half on the wheel TPU users install: exactly
 # requirements-tpu.txt (tensorflow-tpu 2.19.1, libtpu 0.0.10, Keras 3.12.4)
@@ -91,32 +108,32 @@ demo: venv
 # Each benchmark alternates its variants and merges its headline ratios into
 # bench_results/summary.json; bench_report assembles REPORT.md.
 bench: venv
-	$(PY) -m tools.bench_train --output_dir=bench_results
-	$(PY) -m tools.bench_bn_groups --output_dir=bench_results
-	$(PY) -m tools.bench_input --output_dir=bench_results
-	$(PY) -m tools.allreduce_sim --output_dir=bench_results
-	$(PY) -m tools.bench_report --output_dir=bench_results
+	$(PY) -m lab.bench_train --output_dir=bench_results
+	$(PY) -m lab.bench_bn_groups --output_dir=bench_results
+	$(PY) -m lab.bench_input --output_dir=bench_results
+	$(PY) -m lab.allreduce_sim --output_dir=bench_results
+	$(PY) -m lab.bench_report --output_dir=bench_results
 
 # Distributed BN's group all-reduce, subgroup collective vs the masked
 # fallback (why --bn_all_reduce=auto picks the collective): under a minute.
 bench-collectives: venv
-	$(PY) -m tools.dev.bench_collectives --output_dir=bench_results
-	$(PY) -m tools.bench_report --output_dir=bench_results
+	$(PY) -m lab.dev.bench_collectives --output_dir=bench_results
+	$(PY) -m lab.bench_report --output_dir=bench_results
 
-# oneDNN vs Eigen CPU kernels (why resnet_tpu/cpu_kernels.py turns oneDNN
+# oneDNN vs Eigen CPU kernels (why resnet_tpu/runtime/cpu_kernels.py turns oneDNN
 # on): one process per sample, about 3.5 minutes, so not part of `bench`.
 bench-cpu-kernels: venv
-	$(PY) -m tools.dev.bench_cpu_kernels --output_dir=bench_results
-	$(PY) -m tools.bench_report --output_dir=bench_results
+	$(PY) -m lab.dev.bench_cpu_kernels --output_dir=bench_results
+	$(PY) -m lab.bench_report --output_dir=bench_results
 
 # Op time per category of the float32 ResNet-50 steps and of the BN-group
-# steps (tools/dev/op_profile.py): about 5 minutes, so not part of `bench`.
+# steps (lab/dev/op_profile.py): about 5 minutes, so not part of `bench`.
 profile-ops: venv
-	$(PY) -m tools.dev.op_profile --workloads=ours,ours_v1_layout,keras \
+	$(PY) -m lab.dev.op_profile --workloads=ours,ours_v1_layout,keras \
 	    --output_dir=bench_results
-	$(PY) -m tools.dev.op_profile --workloads=bn_group1,bn_group4,bn_group8 \
+	$(PY) -m lab.dev.op_profile --workloads=bn_group1,bn_group4,bn_group8 \
 	    --output_dir=bench_results
-	$(PY) -m tools.bench_report --output_dir=bench_results
+	$(PY) -m lab.bench_report --output_dir=bench_results
 
 # First contact with a TPU VM or a GPU host (tools/accelerator_check.py), in
 # the Python that has that machine's TensorFlow (not the CPU .venv), e.g.
@@ -124,11 +141,11 @@ profile-ops: venv
 accelerator-check:
 	$(PYTHON) -m tools.accelerator_check $(ARGS)
 
-# The papers' central claims on real photos (tools/study.py): Fashion-MNIST
+# The papers' central claims on real photos (lab/study.py): Fashion-MNIST
 # from Debian's dataset-fashion-mnist; 70 minutes on 2 CPU cores (2026-12-01).
 # It prints its estimate first.
 study: venv
-	$(PY) -m tools.study --output_dir=bench_results/studies
+	$(PY) -m lab.study --output_dir=bench_results/studies
 
 clean:
 	rm -rf $(DEMO_RUN) $(DEMO_DATA) bench_results/*.tmp

@@ -6,7 +6,7 @@ same command to resume), 43 another worker was lost (restart all workers),
 1 any error (a user error prints its message without a traceback).
 
 TensorFlow loads only after `set_up_process` has chosen its C++ log level
-and CPU kernels (resnet_tpu/process_setup.py), which it reads once, when it
+and CPU kernels (resnet_tpu/runtime/process_setup.py), which it reads once, when it
 loads: the flags and the config they fill import no TensorFlow.
 """
 import sys
@@ -16,9 +16,9 @@ from absl import flags
 from absl import logging
 
 from resnet_tpu import flags as resnet_flags
-from resnet_tpu import process_setup
-from resnet_tpu import tpu_runtime
 from resnet_tpu.config import ConfigError
+from resnet_tpu.runtime import process_setup
+from resnet_tpu.runtime import tpu_runtime
 
 resnet_flags.define_flags()
 FLAGS = flags.FLAGS
@@ -47,8 +47,8 @@ def main(argv: list[str], model_fn=None) -> None:
   # pylint: disable=g-import-not-at-top  (after set_up_process)
   import tensorflow as tf
 
-  from resnet_tpu import cpu_kernels
-  from resnet_tpu import preemption
+  from resnet_tpu.runtime import cpu_kernels
+  from resnet_tpu.train import preemption
   from resnet_tpu.run import run
   # pylint: enable=g-import-not-at-top
   logging.info("CPU kernels: %s; TensorFlow runs oneDNN's: %s", chosen,

@@ -1,8 +1,8 @@
 """Dataset builders; run as `python -m data.<name>`.
 
 Quiets TensorFlow's C++ start-up logs before a builder loads it
-(resnet_tpu/process_setup.py).
+(resnet_tpu/runtime/process_setup.py).
 """
-from resnet_tpu import process_setup
+from resnet_tpu.runtime import process_setup
 
 process_setup.quiet_tensorflow_logs()

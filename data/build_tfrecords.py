@@ -1,7 +1,7 @@
 r"""Builds ImageNet TFRecords from a folder of images (Ying et al. 2018, §3.2).
 
 The records match tensorflow/tpu `tools/datasets/imagenet_to_gcs.py`, which is
-what resnet_tpu.input_pipeline reads: files `train-00000-of-01024`, features
+what resnet_tpu.inputs.input_pipeline reads: files `train-00000-of-01024`, features
 `image/encoded` (RGB JPEG), `image/class/label` (1-based, sorted synset
 order), `image/class/synset`, `image/height`, `image/width`, `image/channels`,
 `image/colorspace`, `image/format`, `image/filename`.
@@ -24,7 +24,7 @@ skipped. OUTPUT_DIR/synsets.txt lists `<class index>\t<synset>`
 (TFRecord label = class index + 1); a later build into the same OUTPUT_DIR,
 such as the validation split, reuses it so that both splits share one map.
 OUTPUT_DIR/manifest.json gets each split's record count and each file's
-size and record count (resnet_tpu/manifest.py), merged with the other
+size and record count (resnet_tpu/inputs/manifest.py), merged with the other
 split's, so that a truncated copy is caught before training starts.
 
   python -m data.build_tfrecords --input_dir=imagenet/train \
@@ -47,8 +47,8 @@ from absl import flags
 from absl import logging
 import tensorflow as tf
 
-from resnet_tpu import data_checks
-from resnet_tpu import manifest
+from resnet_tpu.inputs import data_checks
+from resnet_tpu.inputs import manifest
 
 SPLITS = ("train", "validation")
 SYNSETS_FILE = "synsets.txt"

@@ -7,9 +7,9 @@ Every train-* and validation-* file is read in full, several at once (the
 parallel reads of Ying et al. 2018 §3.2), with TensorFlow's CRC-checked
 reader. Reported, each naming the file:
   * a truncated or corrupt record, with its byte offset and what the record
-    framing holds there (resnet_tpu/shard_audit.py); the records after it
+    framing holds there (resnet_tpu/inputs/shard_audit.py); the records after it
     cannot be read;
-  * with a manifest.json (resnet_tpu/manifest.py): files it lists that are
+  * with a manifest.json (resnet_tpu/inputs/manifest.py): files it lists that are
     missing, files it does not list, and sizes or record counts that differ;
   * records without one image/class/label, and with --num_classes labels
     outside [--label_offset, --label_offset + --num_classes).
@@ -28,9 +28,9 @@ from absl import logging
 import tensorflow as tf
 from google.protobuf import message
 
-from resnet_tpu import input_pipeline
-from resnet_tpu import manifest
-from resnet_tpu import shard_audit
+from resnet_tpu.inputs import input_pipeline
+from resnet_tpu.inputs import manifest
+from resnet_tpu.inputs import shard_audit
 
 LABEL = "image/class/label"
 READ_BATCH = 256

@@ -3,13 +3,16 @@
 main.py turns absl flags into a `TrainConfig`; library code takes it (or
 explicit arguments) and never reads FLAGS. `validate` runs before any
 strategy start-up, so a bad setting fails in milliseconds with a
-`ConfigError` naming the flag. This module is the leaf of the package: it
-imports nothing of the project (and not TensorFlow) when it loads, so flags
-parse before TensorFlow is imported.
+`ConfigError` naming the flag. This module and clock.py are the leaf of the
+package: they import nothing else of the project (and not TensorFlow), so
+flags parse before TensorFlow is imported.
 """
 import dataclasses
 import json
 import os
+
+from resnet_tpu.clock import EpochClock
+from resnet_tpu.clock import parse_batch_size_schedule
 
 # The choices of the enum flags.
 RESNET_DEPTHS = (18, 34, 50, 101, 152, 200)
@@ -124,10 +127,8 @@ class TrainConfig:
   export_dir: str = ""
 
   @property
-  def clock(self) -> "EpochClock":
+  def clock(self) -> EpochClock:
     """Maps steps to epochs and global batches (batch-size control)."""
-    # pylint: disable-next=g-import-not-at-top (keeps this module a leaf)
-    from resnet_tpu.schedules import EpochClock, parse_batch_size_schedule
     schedule = (parse_batch_size_schedule(self.batch_size_schedule)
                 if self.batch_size_schedule else
                 ((0, self.global_batch_size),))
@@ -282,8 +283,6 @@ def validate(cfg: TrainConfig, num_replicas: int | None = None) -> None:
   `num_replicas` is checked when known (it is, for CPU replicas, before the
   strategy starts); TPU/GPU replica counts are checked again after start-up.
   """
-  # pylint: disable-next=g-import-not-at-top (keeps this module a leaf)
-  from resnet_tpu.schedules import parse_batch_size_schedule
   _check(bool(cfg.model_dir), "--model_dir is required.")
   _check_fields(cfg)
   parse_grid(cfg.all_reduce_grid)

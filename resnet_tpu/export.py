@@ -31,9 +31,9 @@ import keras
 import tensorflow as tf
 
 from resnet_tpu import config as config_lib
-from resnet_tpu import preprocessing
+from resnet_tpu.inputs import preprocessing
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.model import build_model
+from resnet_tpu.model.resnet import build_model
 
 # Written by data/build_tfrecords.py next to the TFRecords.
 LABELS_FILE = "synsets.txt"

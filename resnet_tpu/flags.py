@@ -58,13 +58,13 @@ HELP = {
     "tpu_device_assignment": "TPU replica placement: default "
                              "(TensorFlow's own device assignment) or ring "
                              "(a snake through the torus, BN groups on "
-                             "compact tiles; resnet_tpu/topology.py). "
+                             "compact tiles; resnet_tpu/parallel/topology.py). "
                              "Either way BN groups are compact tiles of the "
                              "placement in use.",
     "tpu_runtime": "TPU runtime: auto (PJRT on v5e, v5p and v6e, "
                    "StreamExecutor on v2-v4, from TPU_ACCELERATOR_TYPE or the "
                    "chips' device files), pjrt or stream_executor "
-                   "(resnet_tpu/tpu_runtime.py).",
+                   "(resnet_tpu/runtime/tpu_runtime.py).",
     "log_topology": "Log the TPU replica order and BN tiles at start-up.",
     "global_batch_size": "Images per training step over all replicas (the "
                          "micro-batch when --batch_size_schedule is set).",
@@ -139,7 +139,8 @@ HELP = {
     "keep_host_memory": "Keep freed host memory mapped (glibc mallopt: 32 MB "
                         "mmap threshold, 512 MB top pad) so CPU training "
                         "steps do not page-fault their buffers in every "
-                        "step (resnet_tpu/host_memory.py); CPU runs only.",
+                        "step (resnet_tpu/runtime/host_memory.py); CPU "
+                        "runs only.",
     "collective_timeout_s": "Fail a collective (gradient or BN all-reduce, "
                             "multi-worker) that waits longer than this, so "
                             "a worker that hangs while alive stops the "
@@ -150,7 +151,7 @@ HELP = {
                   "--tpu, TF_CONFIG or visible NVIDIA GPU; else "
                   "TensorFlow's default), on or off. A "
                   "TF_ENABLE_ONEDNN_OPTS you set wins "
-                  "(resnet_tpu/process_setup.py).",
+                  "(resnet_tpu/runtime/process_setup.py).",
     "export_dir": "Write a serving SavedModel of the final checkpoint "
                   "here (python -m tools.export_savedmodel); empty = no "
                   "export.",

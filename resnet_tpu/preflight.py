@@ -14,7 +14,7 @@ here the data and the model_dir are opened:
 * `check_model_dir`: a model_dir that already holds checkpoints must have
   been written by the same network (its config.json, config.write_config).
 * `check_manifest`: every file's size must match manifest.json, when the
-  data has one (resnet_tpu/manifest.py), so a truncated copy fails in
+  data has one (resnet_tpu/inputs/manifest.py), so a truncated copy fails in
   O(files) stats instead of losing records every epoch.
 * `num_train_images`: the epoch length, from the data unless set.
 * `schedule_warnings`: warm-up, decays and batch-size switches that lie
@@ -28,10 +28,10 @@ from absl import logging
 import tensorflow as tf
 from google.protobuf import message
 
-from resnet_tpu import data_checks
-from resnet_tpu import input_pipeline
-from resnet_tpu import manifest
-from resnet_tpu import schedules
+from resnet_tpu.inputs import data_checks
+from resnet_tpu.inputs import input_pipeline
+from resnet_tpu.inputs import manifest
+from resnet_tpu.optim import schedules
 from resnet_tpu.config import CONFIG_FILE
 from resnet_tpu.config import ConfigError
 from resnet_tpu.config import TrainConfig

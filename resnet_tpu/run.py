@@ -9,22 +9,22 @@ from absl import logging
 import tensorflow as tf
 
 from resnet_tpu import config as config_lib
-from resnet_tpu import device_check
+from resnet_tpu.runtime import device_check
 from resnet_tpu import export
-from resnet_tpu import host_memory
-from resnet_tpu import input_pipeline
+from resnet_tpu.runtime import host_memory
+from resnet_tpu.inputs import input_pipeline
 from resnet_tpu import preflight
-from resnet_tpu import preprocessing
-from resnet_tpu import process_setup
-from resnet_tpu import schedules
-from resnet_tpu import shard_audit
+from resnet_tpu.inputs import preprocessing
+from resnet_tpu.runtime import process_setup
+from resnet_tpu.optim import schedules
+from resnet_tpu.inputs import shard_audit
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.strategy import configure_cpu_replicas
-from resnet_tpu.strategy import create_strategy
-from resnet_tpu.strategy import resolve_kind
-from resnet_tpu.trainer import LoopCallback
-from resnet_tpu.trainer import ModelFn
-from resnet_tpu.trainer import Trainer
+from resnet_tpu.parallel.strategy import configure_cpu_replicas
+from resnet_tpu.parallel.strategy import create_strategy
+from resnet_tpu.parallel.strategy import resolve_kind
+from resnet_tpu.train.trainer import LoopCallback
+from resnet_tpu.train.trainer import ModelFn
+from resnet_tpu.train.trainer import Trainer
 
 
 def input_config(cfg: TrainConfig) -> input_pipeline.InputConfig:

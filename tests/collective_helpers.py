@@ -4,7 +4,7 @@ import collections
 import numpy as np
 import tensorflow as tf
 
-from resnet_tpu.replica_groups import GROUP_KEY_BASE
+from resnet_tpu.parallel.replica_groups import GROUP_KEY_BASE
 
 # Every raw collective in these tests fails after this long instead of
 # hanging on a key mismatch.

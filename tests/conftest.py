@@ -5,7 +5,7 @@ these devices, so replica contexts and collectives run for real on CPU.
 """
 import os
 
-from resnet_tpu import process_setup
+from resnet_tpu.runtime import process_setup
 
 # Before TensorFlow loads. C++ errors stay visible (level 2): they explain a
 # failing test. The models run on CPU devices: the kernels a CPU run gets.
@@ -13,7 +13,7 @@ os.environ.setdefault(process_setup.LOG_LEVEL_ENV, "2")
 process_setup.apply_cpu_kernel_choice("auto", "cpu")
 
 import tensorflow as tf  # noqa: E402
-from resnet_tpu import compat  # noqa: E402
+from resnet_tpu.runtime import compat  # noqa: E402
 
 # 16 for the 4x4 replica grid of the 2-D gradient all-reduce tests; idle
 # virtual devices cost no measurable test time.

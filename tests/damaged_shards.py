@@ -4,7 +4,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from resnet_tpu import manifest
+from resnet_tpu.inputs import manifest
 
 # TFRecord framing around each record: length, its CRC, the data's CRC.
 FRAMING = 16

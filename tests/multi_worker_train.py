@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.trainer import Trainer
+from resnet_tpu.train.trainer import Trainer
 
 STEPS = 3
 GLOBAL_BATCH = 8

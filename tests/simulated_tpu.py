@@ -14,8 +14,8 @@ import tensorflow as tf
 # pylint: disable-next=g-direct-tensorflow-import
 from tensorflow.python.tpu import tpu_system_metadata
 
-from resnet_tpu import topology as topology_lib
-from resnet_tpu import tpu_layout
+from resnet_tpu.parallel import topology as topology_lib
+from resnet_tpu.parallel import tpu_layout
 
 
 class SimulatedSliceResolver(tf.distribute.cluster_resolver.TPUClusterResolver):

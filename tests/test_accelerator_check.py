@@ -12,8 +12,8 @@ import pytest
 import tensorflow as tf
 
 from conftest import cpu_strategy
-from resnet_tpu import bn_all_reduce
-from resnet_tpu import topology as topology_lib
+from resnet_tpu.parallel import bn_all_reduce
+from resnet_tpu.parallel import topology as topology_lib
 from tools import accelerator_checks
 from tools import accelerator_report
 

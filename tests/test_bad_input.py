@@ -16,14 +16,14 @@ import tensorflow as tf
 from conftest import cpu_strategy
 from resnet_tpu import config as config_lib
 from resnet_tpu import flags as resnet_flags
-from resnet_tpu import input_pipeline
+from resnet_tpu.inputs import input_pipeline
 from resnet_tpu import preflight
 from resnet_tpu import run as run_lib
-from resnet_tpu import trainer as trainer_lib
+from resnet_tpu.train import trainer as trainer_lib
 from resnet_tpu.config import ConfigError
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.strategy import Distribution
-from resnet_tpu.metrics_log import read_metrics
+from resnet_tpu.parallel.strategy import Distribution
+from resnet_tpu.train.metrics_log import read_metrics
 from test_input_pipeline import imagenet_to_gcs_record
 from test_resume_exact import write_random_split
 from tiny_model import tiny_resnet

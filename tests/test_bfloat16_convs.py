@@ -1,15 +1,15 @@
-"""bfloat16 convs on float32 kernels (resnet_tpu/bfloat16_convs.py)."""
+"""bfloat16 convs on float32 kernels (resnet_tpu/model/bfloat16_convs.py)."""
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from resnet_tpu import bfloat16_convs
-from resnet_tpu.bfloat16_convs import Conv2D
+from resnet_tpu.model import bfloat16_convs
+from resnet_tpu.model.bfloat16_convs import Conv2D
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.model import build_resnet
-from resnet_tpu.model import build_model
-from resnet_tpu.model import dtype_policy
+from resnet_tpu.model.resnet import build_resnet
+from resnet_tpu.model.resnet import build_model
+from resnet_tpu.model.resnet import dtype_policy
 
 BF16_EPS = 2.0**-8  # half a bfloat16 ulp, relative
 

@@ -11,8 +11,8 @@ from collective_helpers import op_counts as _op_counts
 from collective_helpers import per_replica as _per_replica
 from collective_helpers import TIMEOUT_S
 from conftest import cpu_strategy
-from resnet_tpu import bn_all_reduce
-from resnet_tpu.distributed_batch_norm import DistributedBatchNormalization
+from resnet_tpu.parallel import bn_all_reduce
+from resnet_tpu.model.distributed_batch_norm import DistributedBatchNormalization
 
 REPLICAS = 8
 

@@ -4,8 +4,8 @@ import numpy as np
 import tensorflow as tf
 
 from conftest import cpu_strategy
-from resnet_tpu.bn_recompute import BNStatisticsRecomputer
-from resnet_tpu.distributed_batch_norm import DistributedBatchNormalization
+from resnet_tpu.model.bn_recompute import BNStatisticsRecomputer
+from resnet_tpu.model.distributed_batch_norm import DistributedBatchNormalization
 
 REPLICAS = 4
 PER_REPLICA = 3

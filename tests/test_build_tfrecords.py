@@ -11,10 +11,10 @@ import tensorflow as tf
 
 from data import build_tfrecords
 from data import make_synthetic
-from resnet_tpu import data_checks
-from resnet_tpu import input_pipeline
-from resnet_tpu import manifest
-from resnet_tpu import preprocessing
+from resnet_tpu.inputs import data_checks
+from resnet_tpu.inputs import input_pipeline
+from resnet_tpu.inputs import manifest
+from resnet_tpu.inputs import preprocessing
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Grey level per synset, listed out of sorted order on purpose.

@@ -1,4 +1,4 @@
-"""Every private TensorFlow/Keras API of resnet_tpu/compat.py still works.
+"""Every private TensorFlow/Keras API of resnet_tpu/runtime/compat.py still works.
 
 One test per API, run on each supported TensorFlow (the TF 2.21 suite and
 `make test-tpu-build` on tensorflow-tpu 2.19.1): an upgrade that moves or
@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from collective_helpers import per_replica
 from conftest import cpu_strategy
-from resnet_tpu import compat
+from resnet_tpu.runtime import compat
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -101,7 +101,7 @@ def test_raw_v2_collectives_run_among_a_subgroup(op):
 
 
 def test_onednn_enabled_follows_tensorflows_switch():
-  code = ("import tensorflow as tf; from resnet_tpu import compat; "
+  code = ("import tensorflow as tf; from resnet_tpu.runtime import compat; "
           "print(compat.onednn_enabled())")
   answers = {}
   for value in ("0", "1"):

@@ -115,5 +115,5 @@ def test_the_ranges_of_the_issue_hold():
 
 
 def test_the_enum_choices_are_the_model_depths_and_the_flag_enums():
-  from resnet_tpu.model import LAYERS  # pylint: disable=g-import-not-at-top
+  from resnet_tpu.model.resnet import LAYERS  # pylint: disable=g-import-not-at-top
   assert tuple(LAYERS) == config_lib.RESNET_DEPTHS

@@ -1,14 +1,14 @@
 """oneDNN's CPU kernels where the model runs on CPU devices, chosen by the
 entry points before TensorFlow loads, never on import; the user's
-TF_ENABLE_ONEDNN_OPTS wins (resnet_tpu/process_setup.py, cpu_kernels.py)."""
+TF_ENABLE_ONEDNN_OPTS wins (resnet_tpu/runtime/process_setup.py, cpu_kernels.py)."""
 import os
 import subprocess
 import sys
 
 import pytest
 
-from resnet_tpu import cpu_kernels
-from resnet_tpu import process_setup
+from resnet_tpu.runtime import cpu_kernels
+from resnet_tpu.runtime import process_setup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ONEDNN = cpu_kernels.ONEDNN_ENV
@@ -30,8 +30,8 @@ def _python(code: str, *args: str, **env: str) -> str:
 IMPORT_ALL = f"""
 import importlib, os, pkgutil
 import resnet_tpu
-for module in pkgutil.iter_modules(resnet_tpu.__path__):
-  importlib.import_module("resnet_tpu." + module.name)
+for module in pkgutil.walk_packages(resnet_tpu.__path__, "resnet_tpu."):
+  importlib.import_module(module.name)
 print(os.environ.get("{ONEDNN}"), os.environ.get("TF_CPP_MIN_LOG_LEVEL"))
 """
 
@@ -94,7 +94,7 @@ def test_only_the_cpu_benchmarks_choose_onednn():
   any_host = ("import tools.export_savedmodel, tools.evaluate, "
               "tools.plot_metrics")
   assert _python(ENV_AFTER.format(any_host)) == "None"
-  assert _python(ENV_AFTER.format("import tools.bench_train")) == "1"
+  assert _python(ENV_AFTER.format("import lab.bench_train")) == "1"
 
 
 def test_tests_run_the_kernels_a_cpu_run_gets():

@@ -8,7 +8,7 @@ import pytest
 
 from resnet_tpu import preflight
 from resnet_tpu import run as run_lib
-from resnet_tpu import schedules
+from resnet_tpu.optim import schedules
 from resnet_tpu.config import ConfigError
 from resnet_tpu.config import TrainConfig
 import damaged_shards

@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import cpu_strategy
-from resnet_tpu.distributed_batch_norm import DistributedBatchNormalization
+from resnet_tpu.model.distributed_batch_norm import DistributedBatchNormalization
 
 REPLICAS = 8
 PER_REPLICA = 2

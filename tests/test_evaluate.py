@@ -14,9 +14,9 @@ from data.build_tfrecords import image_example
 from data.make_synthetic import make_synthetic
 from resnet_tpu import config as config_lib
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.metrics_log import read_metrics
+from resnet_tpu.train.metrics_log import read_metrics
 from resnet_tpu.run import run
-from resnet_tpu import compat
+from resnet_tpu.runtime import compat
 from tools import evaluate
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -12,14 +12,14 @@ import tensorflow as tf
 from data.build_tfrecords import build
 from data.make_synthetic import make_synthetic
 from resnet_tpu import export
-from resnet_tpu import input_pipeline
-from resnet_tpu import preprocessing
+from resnet_tpu.inputs import input_pipeline
+from resnet_tpu.inputs import preprocessing
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.model import build_resnet
+from resnet_tpu.model.resnet import build_resnet
 from resnet_tpu import config as config_lib
-from resnet_tpu.model import build_model
-from resnet_tpu.model import dtype_policy
-from resnet_tpu.optimizers import build_optimizer_from_config
+from resnet_tpu.model.resnet import build_model
+from resnet_tpu.model.resnet import dtype_policy
+from resnet_tpu.optim.optimizers import build_optimizer_from_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZE = 32

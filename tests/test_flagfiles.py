@@ -26,10 +26,10 @@ from resnet_tpu import config as config_lib
 from resnet_tpu import flags as resnet_flags
 from resnet_tpu import preflight
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.metrics_log import read_metrics
+from resnet_tpu.train.metrics_log import read_metrics
 from resnet_tpu.run import run
-from resnet_tpu import compat
-from resnet_tpu.optimizers import build_optimizer_from_config
+from resnet_tpu.runtime import compat
+from resnet_tpu.optim.optimizers import build_optimizer_from_config
 
 FLAGS_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "flags")
 FLAGFILES = sorted(glob.glob(os.path.join(FLAGS_DIR, "*.cfg")))
@@ -198,7 +198,7 @@ IMAGENET = 1281167
 
 def epoch_at(step: int, phases: tuple[tuple[int, int], ...]) -> float:
   """Epoch after `step` steps of (start_epoch, batch) phases, in closed form."""
-  epoch, start_step = 0.0, 0
+  start_step = 0
   for (start, batch), (end, _) in zip(phases, phases[1:] + ((None, 0),)):
     steps = (math.inf if end is None else
              math.ceil((end - start) * IMAGENET / batch))

@@ -16,13 +16,13 @@ from collective_helpers import op_counts as _op_counts
 from collective_helpers import per_replica as _per_replica
 from collective_helpers import TIMEOUT_S
 from conftest import cpu_strategy
-from resnet_tpu import gradient_all_reduce
+from resnet_tpu.parallel import gradient_all_reduce
 from resnet_tpu.config import ConfigError
 from resnet_tpu.config import parse_grid
-from resnet_tpu.optimizers import build_optimizer
-from resnet_tpu.replica_groups import Subgroup
-from resnet_tpu.schedules import EpochClock
-from tools import allreduce_sim as sim
+from resnet_tpu.optim.optimizers import build_optimizer
+from resnet_tpu.parallel.replica_groups import Subgroup
+from resnet_tpu.clock import EpochClock
+from lab import allreduce_sim as sim
 
 REPLICAS = 8
 
@@ -238,8 +238,8 @@ def test_2d_ying_sums_one_half_rows_first_and_the_other_columns_first_at_once(
             for phase in replica_phases] == expected
 
 
-# Executable option -> its model in tools/allreduce_sim.py.
-SIM_ALGORITHM = {"2d_ying": "torus_2d", "2d": "grid_2d"}
+# Executable option -> its model in lab/allreduce_sim.py.
+SIM_ALGORITHM = {"2d_ying": "ying_2d", "2d": "grid_2d"}
 _PORT_DIMS = {"x": "row", "y": "column"}  # x runs along a row.
 
 
@@ -270,7 +270,7 @@ def _as_ring_phases(phases):
 @pytest.mark.parametrize("grid", [(4, 2), (2, 4), (4, 4)], ids=_id)
 def test_simulator_counts_the_values_and_steps_the_executable_sends(algorithm,
                                                                    grid):
-  """The torus_2d and grid_2d models of tools.allreduce_sim are 2d_ying and
+  """The ying_2d and grid_2d models of lab.allreduce_sim are 2d_ying and
   2d: the traced graph's phases, ring steps and values sent by each replica
   along rows and along columns equal the simulator's, chip by chip."""
   cols, rows = grid

@@ -16,7 +16,7 @@ libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = [ctypes.c_void_p]
 libc.mallopt(-1, 128 * 1024)  # M_TRIM_THRESHOLD
 if sys.argv[1] == "keep":
-  from resnet_tpu import host_memory
+  from resnet_tpu.runtime import host_memory
   assert host_memory.keep_freed_memory()
 faults = []
 for _ in range(5):
@@ -54,7 +54,7 @@ libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = [ctypes.c_void_p]
 if sys.argv[1] == "keep":
-  from resnet_tpu import host_memory
+  from resnet_tpu.runtime import host_memory
   assert host_memory.keep_freed_memory()
 else:
   assert libc.mallopt(-3, 32 << 20) == 1  # M_MMAP_THRESHOLD only

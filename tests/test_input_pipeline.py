@@ -1,4 +1,4 @@
-"""Specification of resnet_tpu.input_pipeline (Ying et al. 2018, §3.2)."""
+"""Specification of resnet_tpu.inputs.input_pipeline (Ying et al. 2018, §3.2)."""
 import collections
 import dataclasses
 import json
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from resnet_tpu import input_pipeline as ip
-from resnet_tpu import preprocessing
+from resnet_tpu.inputs import input_pipeline as ip
+from resnet_tpu.inputs import preprocessing
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.run import input_config
 
@@ -223,7 +223,7 @@ def test_synthetic_data_is_one_constant_batch_per_replica():
 
 def test_bench_input_tiny_writes_the_ablation_and_merges_summary(tmp_path):
   (tmp_path / "summary.json").write_text(json.dumps({"other_key": 1.5}))
-  subprocess.run([sys.executable, "-m", "tools.bench_input", "--tiny",
+  subprocess.run([sys.executable, "-m", "lab.bench_input", "--tiny",
                   f"--output_dir={tmp_path}"],
                  cwd=REPO, check=True, capture_output=True, timeout=120)
   summary = json.loads((tmp_path / "summary.json").read_text())
@@ -271,7 +271,7 @@ def test_bench_input_times_the_jpegs_of_a_folder(tmp_path):
        sizes + r"\d+ KB\) from " + re.escape(str(jpeg_dir)) +
        ", progressive ones re-encoded as baseline")):
     out = tmp_path / switch
-    subprocess.run([sys.executable, "-m", "tools.bench_input", "--tiny",
+    subprocess.run([sys.executable, "-m", "lab.bench_input", "--tiny",
                     f"--jpeg_dir={jpeg_dir}", switch, f"--output_dir={out}"],
                    cwd=REPO, check=True, capture_output=True, timeout=120)
     text = (out / "input.md").read_text()
@@ -279,7 +279,7 @@ def test_bench_input_times_the_jpegs_of_a_folder(tmp_path):
   empty = tmp_path / "empty"
   empty.mkdir()
   result = subprocess.run(
-      [sys.executable, "-m", "tools.bench_input", "--tiny",
+      [sys.executable, "-m", "lab.bench_input", "--tiny",
        f"--jpeg_dir={empty}", f"--output_dir={out}"],
       cwd=REPO, capture_output=True, text=True, timeout=120)
   assert result.returncode != 0

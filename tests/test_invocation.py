@@ -1,5 +1,5 @@
 """One way to run every script: `python -m tools.NAME` / `python -m
-data.NAME` from the repository root (main.py: `python main.py`), written the
+lab.NAME` / `python -m data.NAME` from the repository root (main.py: `python main.py`), written the
 same way in every docstring, usage line and Makefile recipe."""
 import ast
 import glob
@@ -7,11 +7,11 @@ import os
 import re
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT_DIRS = ("tools", "tools/dev", "data")
+SCRIPT_DIRS = ("tools", "lab", "lab/dev", "data")
 CHECKED = ("README.md", "Makefile", "colab_demo.ipynb", "*.py", "docs/*.md",
            "flags/*.cfg",
-           "resnet_tpu/*.py", "tools/*.py", "tools/dev/*.py", "data/*.py",
-           "tests/*.py", "tests/dev/*.py")
+           "resnet_tpu/*.py", "resnet_tpu/*/*.py", "tools/*.py", "lab/*.py",
+           "lab/dev/*.py", "data/*.py", "tests/*.py", "tests/lab/*.py")
 
 
 def _module(path: str) -> str:
@@ -40,8 +40,8 @@ def test_every_script_docstring_shows_its_python_m_command():
 def test_no_text_runs_a_script_by_its_path():
   # A script run by its file path: `python` then the path in prose, the
   # quoted path as an argument in code.
-  direct = re.compile(r"python3? +(?:tools|data)/\w|"
-                      r"[\"'](?:tools|data)/[\w/]+\.py[\"']")
+  direct = re.compile(r"python3? +(?:tools|lab|data)/\w|"
+                      r"[\"'](?:tools|lab|data)/[\w/]+\.py[\"']")
   for pattern in CHECKED:
     for path in glob.glob(os.path.join(ROOT, pattern)):
       with open(path) as f:
@@ -49,7 +49,8 @@ def test_no_text_runs_a_script_by_its_path():
           assert not direct.search(line), f"{path}:{number}: {line.strip()}"
   with open(os.path.join(ROOT, "Makefile")) as f:
     recipes = [line for line in f if line.startswith("\t")]
-  assert not any(re.search(r"\$\(PY\) +(?:tools|data)/", r) for r in recipes)
+  assert not any(re.search(r"\$\(PY\) +(?:tools|lab|data)/", r)
+                 for r in recipes)
 
 
 def test_every_python_m_module_named_exists():
@@ -57,9 +58,10 @@ def test_every_python_m_module_named_exists():
   for pattern in CHECKED:
     for path in glob.glob(os.path.join(ROOT, pattern)):
       with open(path) as f:
-        for module in re.findall(r"-m ((?:tools|data)(?:\.\w+)+)", f.read()):
+        for module in re.findall(r"-m ((?:tools|lab|tests|data)(?:\.\w+)+)",
+                                 f.read()):
           named.setdefault(module, path)
-  assert "tools.bench_train" in named  # from the Makefile
+  assert "lab.bench_train" in named  # from the Makefile
   for module, path in named.items():
     if module.endswith(".NAME"):
       continue

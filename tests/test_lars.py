@@ -5,8 +5,8 @@ import pytest
 import tensorflow as tf
 
 from conftest import cpu_strategy
-from resnet_tpu.lars import LARS, uses_layer_adaptation
-from resnet_tpu.optimizers import build_optimizer, weight_decay_in_loss
+from resnet_tpu.optim.lars import LARS, uses_layer_adaptation
+from resnet_tpu.optim.optimizers import build_optimizer, weight_decay_in_loss
 
 MOMENTUM = 0.9
 WEIGHT_DECAY = 0.01

@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from resnet_tpu import loop_report
-from resnet_tpu.host_loops import LoopResult
+from resnet_tpu.train import loop_report
+from resnet_tpu.train.host_loops import LoopResult
 
 
 def _result(**counts) -> LoopResult:

@@ -3,9 +3,9 @@ import keras
 import numpy as np
 import pytest
 
-from resnet_tpu.distributed_batch_norm import DistributedBatchNormalization
-from resnet_tpu.model import build_resnet
-from resnet_tpu.model import stem_max_pool
+from resnet_tpu.model.distributed_batch_norm import DistributedBatchNormalization
+from resnet_tpu.model.resnet import build_resnet
+from resnet_tpu.model.resnet import stem_max_pool
 
 KERAS_RESNET50_PARAMS = 25_636_712  # keras.applications.ResNet50, 1000 classes
 KERAS_CONV_BIASES = 26_560  # its conv biases; ours has none (BN follows)

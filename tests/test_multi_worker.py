@@ -19,8 +19,8 @@ import numpy as np
 
 from conftest import cpu_strategy
 import multi_worker_train as worker
-from resnet_tpu.trainer import Trainer
-from resnet_tpu.model import build_model
+from resnet_tpu.train.trainer import Trainer
+from resnet_tpu.model.resnet import build_model
 
 WORKERS = 4
 # Whole test, workers included; on 2 idle cores it takes about 60 s.

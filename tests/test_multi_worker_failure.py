@@ -24,7 +24,7 @@ import time
 
 import tensorflow as tf
 
-from resnet_tpu import preemption
+from resnet_tpu.train import preemption
 from test_multi_worker import _free_loopback_ports
 
 WORKERS = 2

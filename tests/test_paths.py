@@ -9,10 +9,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Code that opens user paths: the library, the data tools, and the tools
 # that take a --model_dir, --saved_model or --data_dir.
 MODEL_TOOLS = ("evaluate", "export_savedmodel", "plot_metrics")
-CHECKED = ("resnet_tpu/*.py", "data/*.py",
+CHECKED = ("resnet_tpu/*.py", "resnet_tpu/*/*.py", "data/*.py",
            *(os.path.join("tools", f"{name}.py") for name in MODEL_TOOLS))
 # Host facts read from local system files, never user paths.
-HOST_FILES = ("resnet_tpu/cpu_kernels.py", "resnet_tpu/process_setup.py")
+HOST_FILES = ("resnet_tpu/runtime/cpu_kernels.py",
+              "resnet_tpu/runtime/process_setup.py",
+              "resnet_tpu/runtime/tpu_runtime.py")
 LOCAL_ONLY = {("", "open"), ("os", "listdir"), ("os", "remove"),
               ("os", "makedirs"), ("os", "walk"), ("os", "rename"),
               ("os.path", "exists"), ("os.path", "isdir"),

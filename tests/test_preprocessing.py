@@ -1,9 +1,9 @@
-"""Specification of the image ops of resnet_tpu.preprocessing (§3.2)."""
+"""Specification of the image ops of resnet_tpu.inputs.preprocessing (§3.2)."""
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from resnet_tpu import preprocessing
+from resnet_tpu.inputs import preprocessing
 
 HEIGHT, WIDTH = 120, 160
 # Chroma upsampling at a window's left and right edge sees other neighbours.

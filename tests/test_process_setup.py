@@ -1,4 +1,4 @@
-"""resnet_tpu/process_setup.py: TensorFlow's C++ start-up logs quieted, the
+"""resnet_tpu/runtime/process_setup.py: TensorFlow's C++ start-up logs quieted, the
 project's absl warnings kept, the user's TF_CPP_MIN_LOG_LEVEL first, and the
 strategy kind decided before TensorFlow loads as strategy.resolve_kind does."""
 import os
@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from data.make_synthetic import make_synthetic
-from resnet_tpu import process_setup
+from resnet_tpu.runtime import process_setup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LEVEL = process_setup.LOG_LEVEL_ENV
@@ -30,7 +30,7 @@ def _stderr(args: list[str]) -> str:
 # Loads TensorFlow and its devices, after quieting its logs if asked to.
 START_TF = """
 import sys
-from resnet_tpu import process_setup
+from resnet_tpu.runtime import process_setup
 if sys.argv[1] == "quiet":
   process_setup.quiet_tensorflow_logs()
 import tensorflow as tf

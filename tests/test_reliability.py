@@ -21,12 +21,12 @@ import tensorflow as tf
 from tensorflow.python.checkpoint import checkpoint_management
 
 from conftest import cpu_strategy
-from resnet_tpu import loop_report
-from resnet_tpu import preemption
-from resnet_tpu import trainer as trainer_lib
+from resnet_tpu.train import loop_report
+from resnet_tpu.train import preemption
+from resnet_tpu.train import trainer as trainer_lib
 from resnet_tpu.config import ConfigError
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.metrics_log import read_metrics
+from resnet_tpu.train.metrics_log import read_metrics
 from tiny_model import tiny_resnet
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

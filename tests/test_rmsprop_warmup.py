@@ -7,10 +7,10 @@ import pytest
 import tensorflow as tf
 
 from conftest import cpu_strategy
-from resnet_tpu.optimizers import build_optimizer, weight_decay_in_loss
-from resnet_tpu.rmsprop_warmup import (RMSpropWarmup, SgdShareSchedule,
+from resnet_tpu.optim.optimizers import build_optimizer, weight_decay_in_loss
+from resnet_tpu.optim.rmsprop_warmup import (RMSpropWarmup, SgdShareSchedule,
                                        sgd_share)
-from resnet_tpu.schedules import EpochClock
+from resnet_tpu.clock import EpochClock
 
 LR, RMSPROP_LR, MOMENTUM, RHO, EPSILON = 0.05, 0.01, 0.9, 0.99, 1e-8
 # 40 images per epoch at batch 10: 4 steps per epoch. The transition centred

@@ -10,13 +10,13 @@ import tensorflow as tf
 
 from conftest import cpu_strategy
 import damaged_shards
-from resnet_tpu import input_pipeline
+from resnet_tpu.inputs import input_pipeline
 from resnet_tpu import preflight
 from resnet_tpu import run as run_lib
-from resnet_tpu import shard_audit
+from resnet_tpu.inputs import shard_audit
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.metrics_log import read_metrics
-from resnet_tpu.strategy import Distribution
+from resnet_tpu.train.metrics_log import read_metrics
+from resnet_tpu.parallel.strategy import Distribution
 from tiny_model import tiny_resnet
 
 PER_FILE = 6

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from resnet_tpu import bn_all_reduce
-from resnet_tpu import strategy as strategy_lib
-from resnet_tpu import topology
+from resnet_tpu.parallel import bn_all_reduce
+from resnet_tpu.parallel import strategy as strategy_lib
+from resnet_tpu.parallel import topology
 from resnet_tpu.config import TPU_DEVICE_ASSIGNMENTS
-from resnet_tpu import tpu_layout
+from resnet_tpu.parallel import tpu_layout
 
 SLICES = ("v3-8", "v3-32", "v3-128", "v3-1024", "v4-32")
 # (slice, group size) for every power-of-two group up to 64 replicas.

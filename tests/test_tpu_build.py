@@ -18,12 +18,12 @@ import time
 import pytest
 import tensorflow as tf
 
-from resnet_tpu import bn_all_reduce
-from resnet_tpu import device_check
-from resnet_tpu import strategy as strategy_lib
+from resnet_tpu.parallel import bn_all_reduce
+from resnet_tpu.runtime import device_check
+from resnet_tpu.parallel import strategy as strategy_lib
 from resnet_tpu.config import ConfigError
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.trainer import Trainer
+from resnet_tpu.train.trainer import Trainer
 import simulated_tpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

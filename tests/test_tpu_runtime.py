@@ -1,4 +1,4 @@
-"""resnet_tpu/tpu_runtime.py: the TPU runtime chosen from what the host
+"""resnet_tpu/runtime/tpu_runtime.py: the TPU runtime chosen from what the host
 shows, before TensorFlow loads, on hosts faked for each generation."""
 import os
 import subprocess
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from resnet_tpu import tpu_runtime
+from resnet_tpu.runtime import tpu_runtime
 from resnet_tpu.config import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -112,7 +112,7 @@ def test_stream_executor_and_non_tpu_runs_set_nothing(tmp_path):
 # the choice runs in a fresh process, before TensorFlow loads.
 CHILD = """
 import os, sys
-from resnet_tpu import tpu_runtime
+from resnet_tpu.runtime import tpu_runtime
 print(tpu_runtime.apply("auto", "tpu", os.environ, sys.argv[1], sys.argv[2]))
 print("tensorflow loaded:", "tensorflow" in sys.modules)
 print(",".join(k for k in %r if k in os.environ))

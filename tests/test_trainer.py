@@ -7,10 +7,10 @@ import pytest
 import tensorflow as tf
 
 from conftest import cpu_strategy
-from resnet_tpu import trainer as trainer_lib
+from resnet_tpu.train import trainer as trainer_lib
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.distributed_batch_norm import DistributedBatchNormalization
-from resnet_tpu.metrics_log import REQUIRED_KEYS
+from resnet_tpu.model.distributed_batch_norm import DistributedBatchNormalization
+from resnet_tpu.train.metrics_log import REQUIRED_KEYS
 from tiny_model import tiny_resnet
 
 IMAGE = 32

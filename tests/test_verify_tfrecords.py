@@ -4,8 +4,8 @@ import subprocess
 import sys
 
 from data import verify_tfrecords
-from resnet_tpu import manifest
-from resnet_tpu import shard_audit
+from resnet_tpu.inputs import manifest
+from resnet_tpu.inputs import shard_audit
 import damaged_shards
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -14,10 +14,10 @@ import pytest
 import tensorflow as tf
 
 from conftest import cpu_strategy
-from resnet_tpu import bn_all_reduce
-from resnet_tpu import xla_compile
+from resnet_tpu.parallel import bn_all_reduce
+from tools import xla_compile
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.trainer import Trainer
+from resnet_tpu.train.trainer import Trainer
 from tiny_model import tiny_resnet
 
 IMAGE = 32

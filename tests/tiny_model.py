@@ -6,7 +6,7 @@ configures virtual CPU devices at import).
 import keras
 
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.distributed_batch_norm import DistributedBatchNormalization
+from resnet_tpu.model.distributed_batch_norm import DistributedBatchNormalization
 
 
 def tiny_resnet(cfg: TrainConfig) -> keras.Model:

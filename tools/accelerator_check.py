@@ -5,7 +5,7 @@
   python -m tools.accelerator_check --tiny --strategy=cpu --num_cpu_replicas=2
 
 Run it before the first `main.py`. It chooses the TPU runtime before
-TensorFlow loads, as main.py does (resnet_tpu/tpu_runtime.py). It stops
+TensorFlow loads, as main.py does (resnet_tpu/runtime/tpu_runtime.py). It stops
 within seconds, with one message and no traceback, when TensorFlow cannot
 drive the accelerator asked for or finds none. Otherwise it runs one check
 per row on the machine's replicas, prints a PASS/FAIL/SKIP table with what
@@ -21,7 +21,7 @@ replica, compared nothing and fails nothing):
                              one device with the global batch (§3);
   bfloat16_step              a bfloat16 ResNet step is finite (§3);
   xla_compile                the step compiles with XLA for the run's first
-                             device, named in the row (xla_compile.py);
+                             device, named in the row (tools/xla_compile.py);
   throughput                 synthetic training images/s per chip, ours vs
                              keras.applications.ResNet50, alternating; fails
                              below --min_throughput_ratio.
@@ -39,9 +39,9 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from resnet_tpu import process_setup
-from resnet_tpu import tpu_runtime
 from resnet_tpu.config import ConfigError
+from resnet_tpu.runtime import process_setup
+from resnet_tpu.runtime import tpu_runtime
 
 FLAGS = flags.FLAGS
 
@@ -69,8 +69,8 @@ def main(argv: list[str]) -> None:
   # pylint: disable=g-import-not-at-top  (after the runtime's variables)
   import dataclasses
   import tensorflow as tf
-  from resnet_tpu import device_check
-  from resnet_tpu.strategy import create_strategy
+  from resnet_tpu.runtime import device_check
+  from resnet_tpu.parallel.strategy import create_strategy
   from tools import accelerator_report
   # pylint: enable=g-import-not-at-top
   tf.get_logger().setLevel("WARNING")

@@ -11,16 +11,15 @@ import dataclasses
 import math
 import os
 
-import keras
 import numpy as np
 import tensorflow as tf
 
-from resnet_tpu import input_pipeline
-from resnet_tpu import xla_compile
+from resnet_tpu.inputs import input_pipeline
+from tools import xla_compile
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.distributed_batch_norm import DistributedBatchNormalization
-from resnet_tpu.host_loops import LoopResult
-from resnet_tpu.trainer import Trainer
+from resnet_tpu.model.distributed_batch_norm import DistributedBatchNormalization
+from resnet_tpu.train.host_loops import LoopResult
+from resnet_tpu.train.trainer import Trainer
 from tools import bench_common
 
 CHECK_CLASSES = 10

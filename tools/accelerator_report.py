@@ -15,7 +15,7 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
-from resnet_tpu import device_check
+from resnet_tpu.runtime import device_check
 from tools import accelerator_checks as checks
 from tools import bench_common
 

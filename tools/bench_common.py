@@ -16,11 +16,11 @@ from absl import logging
 import keras
 import tensorflow as tf
 
-from resnet_tpu import cpu_kernels
+from resnet_tpu.runtime import cpu_kernels
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.distributed_batch_norm import DistributedBatchNormalization
-from resnet_tpu.model import dtype_policy
-from resnet_tpu.trainer import Trainer
+from resnet_tpu.model.distributed_batch_norm import DistributedBatchNormalization
+from resnet_tpu.model.resnet import dtype_policy
+from resnet_tpu.train.trainer import Trainer
 
 
 def alternate(variants: dict[str, Callable[[], float]], repetitions: int,

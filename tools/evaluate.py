@@ -22,8 +22,8 @@ from absl import flags
 from absl import logging
 import tensorflow as tf
 
-from resnet_tpu.input_pipeline import split_files
-from resnet_tpu.input_pipeline import SPLITS
+from resnet_tpu.inputs.input_pipeline import split_files
+from resnet_tpu.inputs.input_pipeline import SPLITS
 
 FLAGS = flags.FLAGS
 _FEATURES = {

@@ -15,7 +15,7 @@ from absl import logging
 from matplotlib.figure import Figure
 import tensorflow as tf
 
-from resnet_tpu.metrics_log import read_metrics
+from resnet_tpu.train.metrics_log import read_metrics
 
 FLAGS = flags.FLAGS
 SPLITS = ("train", "eval")

@@ -1,0 +1,5 @@
+"""From TFRecord shards to batches (Ying et al. 2018 §3.2).
+
+The sharded, parallel input pipeline, its preprocessing, the guards against
+bad records, the audit of damaged shards and the shards' manifest.
+"""

@@ -1,0 +1,312 @@
+"""Sharded, parallel ImageNet input pipeline (Ying et al. 2018, §3.2).
+
+Each host builds one pipeline per `tf.distribute.InputContext`:
+
+  files -> shard by input_pipeline_id -> parallel interleave of TFRecordDataset
+  (lost records counted: shard_audit.py) -> [cache raw records] -> shuffle
+  -> repeat -> one fused map (parse, crop box, decode-and-crop, resize, flip,
+  cast to the transfer dtype) -> batch per replica ->
+  bad-record guards (data_checks.py: undecodable images labelled -1, labels
+  checked) -> prefetch
+
+Pipelines get whole files when there are at least as many files as pipelines;
+otherwise every pipeline reads every file in one fixed order and keeps every
+k-th record. Each optimisation of §3.2 has a switch in `InputConfig`, so the
+ablation of Ying et al. Figure 5 is measurable (lab/bench_input.py).
+
+Records follow tensorflow/tpu `tools/datasets/imagenet_to_gcs.py`: files
+`train-%05d-of-%05d` and `validation-%05d-of-%05d` whose `image/class/label` is
+1-based (`label_offset` subtracts it).
+
+Reproducibility: with `seed` set and `deterministic=True` the record order is
+seeded and every augmentation is drawn by stateless ops from (seed,
+input_pipeline_id, element index), so the batches are a pure function of the
+config, and `start_step` resumes them exactly.
+"""
+import dataclasses
+import math
+import os
+from typing import Callable
+
+from absl import logging
+import tensorflow as tf
+
+from resnet_tpu.inputs import data_checks
+from resnet_tpu.inputs import preprocessing
+from resnet_tpu.inputs import shard_audit
+from resnet_tpu.config import ConfigError
+
+SPLITS = ("train", "validation")
+# uint8: what preprocessing.py returns, a quarter of the bytes of float32;
+# the model casts on the device. float32/bfloat16: cast on the host.
+DTYPES = ("uint8", "float32", "bfloat16")
+READ_BUFFER_BYTES = 8 * 1024 * 1024
+MAX_FILES_READ_AT_ONCE = 16
+FEATURES = {
+    "image/encoded": tf.io.FixedLenFeature([], tf.string),
+    "image/class/label": tf.io.FixedLenFeature([], tf.int64),
+}
+
+DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
+
+
+@dataclasses.dataclass(frozen=True)
+class InputConfig:
+  """What the pipeline needs; parallel_*, fused_*, cache_*, prefetch ablate.
+
+  `crops` holds the crop and resize choices of train and eval (flags
+  --eval_crop_fraction, --train_crop_*, --train_resize_method).
+  """
+  data_dir: str
+  image_size: int = 224
+  label_offset: int = 1
+  dtype: str = "uint8"
+  cache_dataset: bool = False
+  shuffle_buffer_size: int = 1024
+  private_threadpool_size: int = 0
+  parallel_interleave: bool = True
+  parallel_map: bool = True
+  fused_decode_crop: bool = True
+  prefetch: bool = True
+  deterministic: bool = False
+  seed: int | None = None
+  num_classes: int = 0  # > 0: every label is checked (data_checks.py)
+  crops: preprocessing.CropOptions = preprocessing.CropOptions()
+
+  def __post_init__(self):
+    if self.dtype not in DTYPES:
+      raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+    if self.image_size < 1:
+      raise ValueError(f"image_size must be positive, got {self.image_size}")
+    if self.shuffle_buffer_size < 1:
+      raise ValueError("shuffle_buffer_size must be positive, got "
+                       f"{self.shuffle_buffer_size}")
+    if self.private_threadpool_size < 0:
+      raise ValueError("private_threadpool_size must be >= 0 (0: tf.data "
+                       f"default), got {self.private_threadpool_size}")
+
+
+def split_files(data_dir: str, split: str) -> list[str]:
+  """Sorted TFRecord files of `split` in `data_dir`; ValueError if none."""
+  if split not in SPLITS:
+    raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+  pattern = os.path.join(data_dir, f"{split}-*-of-*")
+  files = sorted(tf.io.gfile.glob(pattern))
+  if not files:
+    raise ConfigError(
+        f"no TFRecord files match {pattern}; --data_dir must hold files named "
+        f"like {split}-00000-of-01024 (data/build_tfrecords.py or "
+        "tensorflow/tpu imagenet_to_gcs.py)")
+  return files
+
+
+def count_examples(data_dir: str, split: str) -> int:
+  """Records in the `split` files, read without parsing them; a damaged
+  file counts the records before the damage (shard_audit.py)."""
+  records = tf.data.TFRecordDataset(split_files(data_dir, split),
+                                    buffer_size=READ_BUFFER_BYTES,
+                                    num_parallel_reads=tf.data.AUTOTUNE
+                                    ).ignore_errors()
+  count = records.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1)
+  return int(count)
+
+
+def eval_steps(num_examples: int, global_batch_size: int) -> int:
+  """Eval steps covering `num_examples`; the last batch is padded, masked."""
+  if num_examples < 1 or global_batch_size < 1:
+    raise ValueError("num_examples and global_batch_size must be positive, "
+                     f"got {num_examples} and {global_batch_size}")
+  return math.ceil(num_examples / global_batch_size)
+
+
+def _parallelism(enabled: bool) -> int | None:
+  return tf.data.AUTOTUNE if enabled else None
+
+
+def _options(cfg: InputConfig, deterministic: bool) -> tf.data.Options:
+  """tf.data options; static rewrites that would undo an ablation follow it."""
+  options = tf.data.Options()
+  options.deterministic = deterministic
+  options.autotune.enabled = True
+  if cfg.private_threadpool_size:
+    options.threading.private_threadpool_size = cfg.private_threadpool_size
+  options.experimental_optimization.map_parallelization = cfg.parallel_map
+  options.experimental_optimization.inject_prefetch = cfg.prefetch
+  return options
+
+
+def _records(files: list[str], ctx: tf.distribute.InputContext,
+             cfg: InputConfig, shard_files: bool,
+             max_records: int | None = None,
+             audit: shard_audit.FileAudit | None = None) -> tf.data.Dataset:
+  """This pipeline's share of the serialized records, optionally cached.
+
+  shard_files=True gives each pipeline whole files in a shuffled order;
+  otherwise all pipelines read all files in one fixed order and keep every
+  k-th record of its first `max_records`, which needs a deterministic
+  interleave so that they agree; then only pipeline 0 counts lost records.
+  """
+  num_pipelines, pipeline_id = ctx.num_input_pipelines, ctx.input_pipeline_id
+  if shard_files:
+    files = files[pipeline_id::num_pipelines]
+  names, read = shard_audit.reading(files, READ_BUFFER_BYTES, audit,
+                                    counted=shard_files or pipeline_id == 0)
+  if shard_files:
+    # Shuffled once, not every epoch, so cache() replays what reading gives.
+    names = names.shuffle(len(files), seed=cfg.seed,
+                          reshuffle_each_iteration=False)
+  records = names.interleave(
+      read, cycle_length=min(len(files), MAX_FILES_READ_AT_ONCE),
+      block_length=1,
+      num_parallel_calls=_parallelism(cfg.parallel_interleave),
+      deterministic=None if shard_files else True)
+  if not shard_files:
+    if max_records is not None:
+      records = records.take(max_records)
+    records = records.shard(num_pipelines, pipeline_id)
+  logging.info("input pipeline %d of %d: %d files, sharded by %s",
+               pipeline_id, num_pipelines, len(files),
+               "file" if shard_files else "record")
+  return records.cache() if cfg.cache_dataset else records
+
+
+def _parse(record: tf.Tensor, label_offset: int) -> tuple[tf.Tensor, tf.Tensor]:
+  features = tf.io.parse_single_example(record, FEATURES)
+  label = features["image/class/label"] - label_offset
+  return features["image/encoded"], tf.cast(label, tf.int32)
+
+
+def _train_map(cfg: InputConfig, pipeline_id: int) -> Callable:
+  """The one fused map of §3.2: parse, crop, decode, resize, flip, cast."""
+  dtype = tf.dtypes.as_dtype(cfg.dtype)
+  pipeline_seed = (None if cfg.seed is None else
+                   tf.constant([cfg.seed, pipeline_id], tf.int64))
+
+  def parse_and_preprocess(index, record):
+    image_bytes, label = _parse(record, cfg.label_offset)
+    seed = (None if pipeline_seed is None else
+            tf.random.experimental.stateless_fold_in(pipeline_seed, index))
+    decodable = data_checks.looks_like_jpeg(image_bytes)
+    image = tf.cond(decodable, lambda: preprocessing.preprocess_for_train(
+        image_bytes, cfg.image_size, cfg.fused_decode_crop, seed, cfg.crops),
+                    lambda: _blank(cfg.image_size))
+    return tf.cast(image, dtype), label, decodable
+
+  return parse_and_preprocess
+
+
+def _blank(image_size: int) -> tf.Tensor:
+  """Stands in for an undecodable image (data_checks.py)."""
+  return tf.zeros([image_size, image_size, 3], tf.uint8)
+
+
+def _examples_per_pipeline(global_batch_size: int,
+                           ctx: tf.distribute.InputContext) -> int:
+  if ctx.num_replicas_in_sync % ctx.num_input_pipelines:
+    raise ValueError(
+        f"{ctx.num_replicas_in_sync} replicas do not split evenly over "
+        f"{ctx.num_input_pipelines} input pipelines")
+  return global_batch_size // ctx.num_input_pipelines
+
+
+def train_dataset_fn(cfg: InputConfig, global_batch_size: int,
+                     start_step: int = 0,
+                     lost_records: shard_audit.LostRecords | None = None
+                     ) -> DatasetFn:
+  """Infinite training dataset_fn: (images [b, S, S, 3], labels int32 [b]).
+
+  Images are raw 0..255 pixels in cfg.dtype (uint8 by default; the model's
+  first layer casts); b is the per-replica batch.
+  `start_step` skips the records of that many global steps before decoding
+  anything, so with a seed and deterministic=True a resumed run sees exactly
+  the batches the interrupted one would have seen.
+  `lost_records` counts the records lost to damaged files when
+  manifest.json lists them (shard_audit.py).
+  """
+  files = split_files(cfg.data_dir, "train")
+  audit = (shard_audit.FileAudit.of(cfg.data_dir, files, lost_records)
+           if lost_records else None)
+
+  def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+    batch_size = ctx.get_per_replica_batch_size(global_batch_size)
+    records = _records(files, ctx, cfg,
+                       shard_files=len(files) >= ctx.num_input_pipelines,
+                       audit=audit)
+    records = records.shuffle(cfg.shuffle_buffer_size, seed=cfg.seed,
+                              reshuffle_each_iteration=True)
+    records = records.repeat().enumerate()
+    if start_step:
+      records = records.skip(
+          start_step * _examples_per_pipeline(global_batch_size, ctx))
+    dataset = records.map(_train_map(cfg, ctx.input_pipeline_id),
+                          num_parallel_calls=_parallelism(cfg.parallel_map))
+    dataset = dataset.batch(batch_size, drop_remainder=True)
+    dataset = data_checks.guard_train(dataset, cfg.num_classes,
+                                      cfg.label_offset)
+    if cfg.prefetch:
+      dataset = dataset.prefetch(tf.data.AUTOTUNE)
+    return dataset.with_options(_options(cfg, cfg.deterministic))
+
+  return dataset_fn
+
+
+def eval_dataset_fn(cfg: InputConfig, global_batch_size: int,
+                    num_examples: int) -> DatasetFn:
+  """Finite eval dataset_fn: (images, labels, mask float32 [b]), fixed order.
+
+  The first `num_examples` records are evaluated (count_examples(data_dir,
+  "validation") of them for the whole split). Each pipeline yields exactly
+  eval_steps(num_examples, global_batch_size) batches per replica it feeds,
+  padded with zero images of mask 0. Records, not files, are sharded, so
+  shards differ by at most one example and always fit that many steps.
+  """
+  files = split_files(cfg.data_dir, "validation")
+  steps = eval_steps(num_examples, global_batch_size)
+  dtype = tf.dtypes.as_dtype(cfg.dtype)
+
+  def parse_and_preprocess(record):
+    image_bytes, label = _parse(record, cfg.label_offset)
+    decodable = data_checks.looks_like_jpeg(image_bytes)
+    image = tf.cond(decodable, lambda: preprocessing.preprocess_for_eval(
+        image_bytes, cfg.image_size, cfg.crops.eval_crop_fraction),
+                    lambda: _blank(cfg.image_size))
+    return tf.cast(image, dtype), label, decodable
+
+  def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+    batch_size = ctx.get_per_replica_batch_size(global_batch_size)
+    num_padded = steps * _examples_per_pipeline(global_batch_size, ctx)
+    records = _records(files, ctx, cfg, shard_files=False,
+                       max_records=num_examples)
+    dataset = records.map(parse_and_preprocess,
+                          num_parallel_calls=_parallelism(cfg.parallel_map))
+    dataset = data_checks.guard_eval(dataset, cfg.num_classes,
+                                     cfg.label_offset)
+    padding = tf.data.Dataset.from_tensors(
+        (tf.zeros([cfg.image_size, cfg.image_size, 3], dtype), tf.constant(0),
+         tf.constant(0.0))).repeat()
+    dataset = dataset.concatenate(padding).take(num_padded)
+    dataset = dataset.batch(batch_size, drop_remainder=True)
+    if cfg.prefetch:
+      dataset = dataset.prefetch(tf.data.AUTOTUNE)
+    return dataset.with_options(_options(cfg, deterministic=True))
+
+  return dataset_fn
+
+
+def synthetic_dataset_fn(image_size: int, num_classes: int,
+                         global_batch_size: int, dtype: str) -> DatasetFn:
+  """One constant random batch, repeated: the model with no input cost."""
+  if dtype not in DTYPES:
+    raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+
+  def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+    batch_size = ctx.get_per_replica_batch_size(global_batch_size)
+    seed = tf.constant([0, ctx.input_pipeline_id], tf.int64)
+    images = tf.random.stateless_uniform(
+        [batch_size, image_size, image_size, 3], seed, 0.0, 255.0)
+    labels = tf.random.stateless_uniform([batch_size], seed, 0, num_classes,
+                                         dtype=tf.int32)
+    batch = (tf.cast(images, dtype), labels)
+    return tf.data.Dataset.from_tensors(batch).repeat()
+
+  return dataset_fn

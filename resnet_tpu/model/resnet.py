@@ -1,0 +1,238 @@
+"""ResNet v1.5 (Goyal et al. 2017, as trained by Ying et al. 2018, §4).
+
+Differences from the original ResNet v1 that matter for large-batch training:
+- the stride-2 downsampling sits on the 3x3 conv of the bottleneck (v1.5);
+- the last BN of each residual block starts with gamma = 0, so every block
+  begins as the identity (Goyal et al. §5.1);
+- no conv biases (BN follows every conv).
+
+As tensorflow/tpu's models/official/resnet/resnet_model.py (commit
+61dbdbc1714d9d0e7f96f2db93b365e9198728dd): convs start from
+tf.variance_scaling_initializer() (scale 1, fan_in, truncated normal: weight
+variance 1/fan_in, half Keras's he_normal), the stem max-pool pads SAME (0
+before, 1 after on even sizes) and the logits start from N(0, 0.01). BN
+after each conv makes the forward pass blind to the conv's scale, but not the
+update: a kernel of twice the variance takes half the effective step, so the
+LRs taken from tensorflow/tpu mean the same here only with its init.
+
+Every BatchNormalization is a DistributedBatchNormalization (§3.1). Input
+normalisation happens inside the model, so the input pipeline and the
+exported SavedModel both feed raw 0..255 pixels. Under the `mixed_bfloat16`
+policy convs and activations run in bfloat16 (on CPUs without bfloat16
+arithmetic, through float32 kernels: resnet_tpu/model/bfloat16_convs.py); BN
+statistics and the logits stay in float32.
+"""
+import contextlib
+import functools
+from typing import Sequence
+
+from absl import logging
+import keras
+
+from resnet_tpu.model import bfloat16_convs
+
+from resnet_tpu.model.bfloat16_convs import Conv2D
+from resnet_tpu.config import MIN_IMAGE_SIZE
+from resnet_tpu.config import TrainConfig
+from resnet_tpu.model.distributed_batch_norm import DistributedBatchNormalization
+
+# ImageNet channel statistics on the 0..255 scale.
+MEAN_RGB = (0.485 * 255, 0.456 * 255, 0.406 * 255)
+STDDEV_RGB = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+
+# depth -> (block kind, blocks per stage)
+LAYERS = {
+    18: ("basic", (2, 2, 2, 2)),
+    34: ("basic", (3, 4, 6, 3)),
+    50: ("bottleneck", (3, 4, 6, 3)),
+    101: ("bottleneck", (3, 4, 23, 3)),
+    152: ("bottleneck", (3, 8, 36, 3)),
+    200: ("bottleneck", (3, 24, 36, 3)),
+}
+
+
+def conv_initializer() -> keras.initializers.Initializer:
+  """tensorflow/tpu's tf.variance_scaling_initializer(): variance 1/fan_in."""
+  return keras.initializers.VarianceScaling(
+      scale=1.0, mode="fan_in", distribution="truncated_normal")
+
+
+def stem_max_pool(x):
+  """3x3/2 max-pool with SAME padding, as tensorflow/tpu's stem.
+
+  On an even input SAME pads 0 rows before and 1 after, so output i covers
+  inputs 2i..2i+2 (a symmetric 1/1 pad would cover 2i-1..2i+1).
+  """
+  return keras.layers.MaxPooling2D(3, strides=2, padding="same",
+                                   name="stem_pool")(x)
+
+
+def _conv(x, filters: int, kernel: int, strides: int, name: str,
+          float32_kernels: bool):
+  if strides > 1 and kernel > 1:
+    # Fixed padding, independent of the input size (as tensorflow/tpu does).
+    pad = kernel - 1
+    x = keras.layers.ZeroPadding2D(((pad // 2, pad - pad // 2),) * 2,
+                                   name=name + "_pad")(x)
+  return Conv2D(
+      filters, kernel, strides=strides,
+      padding="valid" if strides > 1 and kernel > 1 else "same",
+      use_bias=False, kernel_initializer=conv_initializer(),
+      float32_kernels=float32_kernels, name=name)(x)
+
+
+def _bn(x, group_size: int, name: str, zero_gamma: bool = False, **bn_args):
+  """bn_args: momentum, epsilon, all_reduce, collective_timeout_s, groups
+  (DistributedBatchNormalization)."""
+  return DistributedBatchNormalization(
+      group_size=group_size, **bn_args,
+      gamma_initializer="zeros" if zero_gamma else "ones", name=name)(x)
+
+
+def bottleneck_block(x, filters: int, strides: int, group_size: int,
+                     name: str, bn_args: dict, stride_in_3x3: bool = True,
+                     float32_kernels: bool = False):
+  """1x1 -> 3x3 -> 1x1 x4, projection when shapes change.
+
+  The stride sits on the 3x3 conv (v1.5), or on the first 1x1 conv with
+  stride_in_3x3=False (v1, as keras.applications.ResNet50). float32_kernels:
+  see bfloat16_convs.Conv2D.
+  """
+  shortcut = x
+  if strides > 1 or x.shape[-1] != 4 * filters:
+    shortcut = _conv(x, 4 * filters, 1, strides, name + "_proj",
+                     float32_kernels)
+    shortcut = _bn(shortcut, group_size, name + "_proj_bn", **bn_args)
+  strides_1x1, strides_3x3 = (1, strides) if stride_in_3x3 else (strides, 1)
+  y = _conv(x, filters, 1, strides_1x1, name + "_conv1", float32_kernels)
+  y = keras.layers.ReLU(name=name + "_relu1")(
+      _bn(y, group_size, name + "_bn1", **bn_args))
+  y = _conv(y, filters, 3, strides_3x3, name + "_conv2", float32_kernels)
+  y = keras.layers.ReLU(name=name + "_relu2")(
+      _bn(y, group_size, name + "_bn2", **bn_args))
+  y = _conv(y, 4 * filters, 1, 1, name + "_conv3", float32_kernels)
+  y = _bn(y, group_size, name + "_bn3", zero_gamma=True, **bn_args)
+  return keras.layers.ReLU(name=name + "_out")(
+      keras.layers.Add(name=name + "_add")([shortcut, y]))
+
+
+def basic_block(x, filters: int, strides: int, group_size: int, name: str,
+                bn_args: dict, float32_kernels: bool = False):
+  """3x3 -> 3x3, projection shortcut when shapes change (ResNet-18/34)."""
+  shortcut = x
+  if strides > 1 or x.shape[-1] != filters:
+    shortcut = _conv(x, filters, 1, strides, name + "_proj",
+                     float32_kernels)
+    shortcut = _bn(shortcut, group_size, name + "_proj_bn", **bn_args)
+  y = _conv(x, filters, 3, strides, name + "_conv1", float32_kernels)
+  y = keras.layers.ReLU(name=name + "_relu1")(
+      _bn(y, group_size, name + "_bn1", **bn_args))
+  y = _conv(y, filters, 3, 1, name + "_conv2", float32_kernels)
+  y = _bn(y, group_size, name + "_bn2", zero_gamma=True, **bn_args)
+  return keras.layers.ReLU(name=name + "_out")(
+      keras.layers.Add(name=name + "_add")([shortcut, y]))
+
+
+def stack(x, block, filters: int, blocks: int, strides: int, group_size: int,
+          name: str, bn_args: dict):
+  """One stage: the first block downsamples, the rest keep the shape."""
+  for i in range(blocks):
+    x = block(x, filters, strides if i == 0 else 1, group_size,
+              f"{name}_block{i + 1}", bn_args)
+  return x
+
+
+def build_resnet(depth: int = 50, num_classes: int = 1000,
+                 image_size: int = 224, bn_group_size: int = 1,
+                 bn_momentum: float = 0.9, bn_epsilon: float = 1e-5,
+                 stride_in_3x3: bool = True,
+                 float32_kernels: bool = False, bn_all_reduce: str = "auto",
+                 collective_timeout_s: float = 0.0,
+                 bn_groups: Sequence[Sequence[int]] | None = None
+                 ) -> keras.Model:
+  """ResNet v1.5 of `depth` taking raw 0..255 RGB images, returning logits.
+
+  The dtype policy in force (keras.mixed_precision) decides the compute
+  dtype; call this under `mixed_bfloat16` for bfloat16 training.
+  stride_in_3x3=False puts the bottlenecks' stride on the first 1x1 conv
+  (ResNet v1, keras.applications' layout): only lab/bench_train.py uses
+  it, to compare with Keras at equal FLOPs. float32_kernels=True runs the
+  bfloat16 convs on float32 kernels (resnet_tpu/model/bfloat16_convs.py).
+  bn_all_reduce, collective_timeout_s and bn_groups configure the BN groups'
+  all-reduce (bn_all_reduce.py).
+  """
+  if depth not in LAYERS:
+    raise ValueError(f"--resnet_depth must be one of {sorted(LAYERS)}, "
+                     f"got {depth}.")
+  if image_size < MIN_IMAGE_SIZE:
+    raise ValueError(f"--image_size={image_size} is too small: ResNet "
+                     f"downsamples by 32, so it needs >= {MIN_IMAGE_SIZE}.")
+  kind, blocks = LAYERS[depth]
+  if kind == "bottleneck":
+    block = functools.partial(bottleneck_block, stride_in_3x3=stride_in_3x3,
+                              float32_kernels=float32_kernels)
+  else:
+    block = functools.partial(basic_block, float32_kernels=float32_kernels)
+  bn_args = {"momentum": bn_momentum, "epsilon": bn_epsilon,
+             "all_reduce": bn_all_reduce,
+             "collective_timeout_s": collective_timeout_s,
+             "groups": bn_groups}
+
+  inputs = keras.Input((image_size, image_size, 3), name="images")
+  x = keras.layers.Normalization(
+      mean=MEAN_RGB, variance=[s * s for s in STDDEV_RGB], dtype="float32",
+      name="normalize")(inputs)
+  x = _conv(x, 64, 7, 2, "stem_conv", float32_kernels)
+  x = keras.layers.ReLU(name="stem_relu")(
+      _bn(x, bn_group_size, "stem_bn", **bn_args))
+  x = stem_max_pool(x)
+  for stage, (filters, n) in enumerate(zip((64, 128, 256, 512), blocks)):
+    x = stack(x, block, filters, n, 1 if stage == 0 else 2, bn_group_size,
+              f"stage{stage + 1}", bn_args)
+  x = keras.layers.GlobalAveragePooling2D(name="avg_pool")(x)
+  logits = keras.layers.Dense(
+      num_classes, dtype="float32",
+      kernel_initializer=keras.initializers.RandomNormal(stddev=0.01),
+      name="logits")(x)
+  version = "v1_5" if stride_in_3x3 else "v1"
+  return keras.Model(inputs, logits, name=f"resnet{depth}_{version}")
+
+
+@contextlib.contextmanager
+def dtype_policy(precision: str):
+  """Keras dtype policy for building the model: mixed_bfloat16 or float32."""
+  previous = keras.config.dtype_policy()
+  keras.config.set_dtype_policy(
+      "mixed_bfloat16" if precision == "bfloat16" else "float32")
+  try:
+    yield
+  finally:
+    keras.config.set_dtype_policy(previous)
+
+
+def build_model(cfg: TrainConfig,
+                bn_groups: Sequence[Sequence[int]] | None = None,
+                stride_in_3x3: bool = True) -> keras.Model:
+  """The ResNet of `cfg` in the precision of `cfg`: the one mapping from a
+  config to the network (training, export and benchmarks use it).
+
+  Under a strategy scope, --bfloat16_conv_kernels=auto resolves for the
+  strategy's devices (bfloat16_convs.py). `bn_groups`: the BN groups of a
+  TPU placement (tpu_layout.py); None = replicas [k*g, (k+1)*g).
+  stride_in_3x3=False: ResNet v1's layout (see build_resnet).
+  """
+  float32_kernels = False
+  if cfg.precision == "bfloat16":
+    float32_kernels = bfloat16_convs.use_float32_kernels(
+        cfg.bfloat16_conv_kernels, bfloat16_convs.model_device_types())
+    logging.info("bfloat16 convs run on %s kernels (--bfloat16_conv_kernels"
+                 "=%s)", "float32" if float32_kernels else "native bfloat16",
+                 cfg.bfloat16_conv_kernels)
+  with dtype_policy(cfg.precision):
+    return build_resnet(cfg.resnet_depth, cfg.num_classes, cfg.image_size,
+                        cfg.bn_group_size, cfg.bn_momentum, cfg.bn_epsilon,
+                        stride_in_3x3=stride_in_3x3,
+                        float32_kernels=float32_kernels,
+                        bn_all_reduce=cfg.bn_all_reduce,
+                        collective_timeout_s=cfg.collective_timeout_s,
+                        bn_groups=bn_groups)

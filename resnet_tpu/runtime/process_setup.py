@@ -1,0 +1,126 @@
+"""What an entry point sets before TensorFlow loads: C++ logs and CPU kernels.
+
+TensorFlow reads TF_CPP_MIN_LOG_LEVEL and TF_ENABLE_ONEDNN_OPTS once, when
+it loads, so main.py, tools/, data/, tests/conftest.py and the notebook call
+these functions before they import it. Importing resnet_tpu sets nothing,
+and a variable the user set always wins.
+
+- `quiet_tensorflow_logs`: level 2 hides TensorFlow's C++ INFO and WARNING
+  lines (cpu_feature_guard's notice, tf.data's). On a host without an NVIDIA
+  GPU or a TPU chip, level 3 also hides its errors: there the only one a run
+  prints is `failed call to cuInit`, TensorFlow probing for CUDA. The
+  project's own messages use absl's Python logging, which neither level
+  touches. TensorFlow 2.21's libraries write a few lines while they load,
+  before they read the variable (absl's "All log messages before
+  absl::InitializeLog()", oneDNN's and the CUDA stub's notices); no setting
+  hides those (tensorflow/tensorflow#102212, abseil/abseil-cpp#1957).
+- `apply_cpu_kernel_choice`: oneDNN's CPU kernels (cpu_kernels.py) where
+  the model runs on CPU devices, where they were measured; elsewhere
+  TensorFlow's own default stands.
+"""
+from collections.abc import Mapping, MutableMapping, Sequence
+import glob
+import os
+import sys
+
+from resnet_tpu.config import CPU_ONEDNN
+from resnet_tpu.runtime.cpu_kernels import ONEDNN_ENV
+
+LOG_LEVEL_ENV = "TF_CPP_MIN_LOG_LEVEL"
+# An NVIDIA GPU's device files on bare metal, in containers and under WSL2
+# (the files JAX's hardware_utils checks).
+NVIDIA_DEVICE_FILES = ("/dev/nvidia0", "/dev/nvidiactl", "/dev/dxg")
+# Google's PCI vendor ID: TPU chips on a TPU VM (and gVNIC network cards,
+# which errs on the side of showing errors).
+GOOGLE_PCI_VENDOR = "0x1ae0"
+
+
+def nvidia_gpu_visible(
+    environ: Mapping[str, str] = os.environ,
+    device_files: Sequence[str] = NVIDIA_DEVICE_FILES) -> bool:
+  """An NVIDIA device file exists and CUDA_VISIBLE_DEVICES does not hide it."""
+  if environ.get("CUDA_VISIBLE_DEVICES", "0").strip() in ("", "-1"):
+    return False
+  return any(os.path.exists(path) for path in device_files)
+
+
+def tpu_chip_attached() -> bool:
+  """A PCI device of Google's is attached, as TPU chips are on a TPU VM."""
+  for path in glob.glob("/sys/bus/pci/devices/*/vendor"):
+    try:
+      with open(path) as f:
+        if f.read().strip() == GOOGLE_PCI_VENDOR:
+          return True
+    except OSError:
+      continue
+  return False
+
+
+def quiet_tensorflow_logs(environ: MutableMapping[str, str] = os.environ,
+                          accelerator: bool | None = None) -> str:
+  """Sets TF_CPP_MIN_LOG_LEVEL unless the user did; returns the level.
+
+  `accelerator`: whether the host has an NVIDIA GPU or a TPU chip (None:
+  look).
+  """
+  if accelerator is None:
+    accelerator = nvidia_gpu_visible(environ) or tpu_chip_attached()
+  return environ.setdefault(LOG_LEVEL_ENV, "2" if accelerator else "3")
+
+
+def startup_kind(strategy: str, tpu: str,
+                 environ: Mapping[str, str] = os.environ,
+                 device_files: Sequence[str] = NVIDIA_DEVICE_FILES) -> str:
+  """The strategy kind of --strategy/--tpu, decided before TensorFlow loads.
+
+  strategy.resolve_kind's order, with an NVIDIA device file standing for
+  the GPUs TensorFlow would list.
+  """
+  if strategy != "auto":
+    return strategy
+  if tpu:
+    return "tpu"
+  if "TF_CONFIG" in environ:
+    return "multi_worker"
+  return "gpu" if nvidia_gpu_visible(environ, device_files) else "cpu"
+
+
+def cpu_tunings_apply(kind: str) -> bool:
+  """Whether the CPU tunings (oneDNN kernels, host_memory.py) apply to a run.
+
+  Only where the model runs on CPU devices, where they were measured:
+  multi_worker does not count, since its workers may hold GPUs.
+  """
+  return kind == "cpu"
+
+
+def onednn_value(choice: str, kind: str) -> str | None:
+  """TF_ENABLE_ONEDNN_OPTS for --cpu_onednn=`choice` on a `kind` run.
+
+  None leaves TensorFlow's own default.
+  """
+  if choice not in CPU_ONEDNN:
+    raise ValueError(f"--cpu_onednn must be one of {CPU_ONEDNN}, "
+                     f"got {choice!r}.")
+  if choice == "auto":
+    return "1" if cpu_tunings_apply(kind) else None
+  return "1" if choice == "on" else "0"
+
+
+def apply_cpu_kernel_choice(
+    choice: str, kind: str,
+    environ: MutableMapping[str, str] = os.environ) -> str:
+  """Sets TF_ENABLE_ONEDNN_OPTS for `choice` and `kind`; says what it did.
+
+  The user's own variable wins; once TensorFlow is loaded nothing changes.
+  """
+  if ONEDNN_ENV in environ:
+    return f"{ONEDNN_ENV}={environ[ONEDNN_ENV]}, set by the user"
+  value = onednn_value(choice, kind)
+  reason = f"--cpu_onednn={choice} on a {kind} run"
+  if value is None:
+    return f"TensorFlow's default ({reason})"
+  if "tensorflow" in sys.modules:
+    return f"TensorFlow's default: it loaded before the choice ({reason})"
+  environ[ONEDNN_ENV] = value
+  return f"{ONEDNN_ENV}={value} ({reason})"

@@ -1,0 +1,81 @@
+"""What one training host loop reports: its record, its log line, its failures.
+
+Ying et al. 2018 run several steps per host call; after each call the
+trainer writes one metrics.jsonl record and one log line (loss, top-1, LR,
+images/s, ETA), and names what the loop lost: undecodable images, records of
+damaged files (shard_audit.py) and steps with a NaN/Inf loss or gradient.
+Such steps stop the run without a checkpoint (`NonFiniteLossError`) unless
+--skip_nonfinite_steps skips them.
+"""
+import math
+from typing import Callable
+
+from absl import logging
+
+from resnet_tpu.train.host_loops import LoopResult
+
+
+class NonFiniteLossError(RuntimeError):
+  """The loss or the gradients were NaN/Inf; no checkpoint was written."""
+
+
+def check_finite(result: LoopResult, first_step: int, num_steps: int,
+                 skip: bool,
+                 latest_checkpoint: Callable[[], str | None]) -> None:
+  """Raises NonFiniteLossError, or logs the steps that were skipped.
+
+  `first_step`: the step count before the loop; `skip`:
+  --skip_nonfinite_steps; `latest_checkpoint`: returns the checkpoint a
+  restart resumes from (asked only when a step was not finite).
+  """
+  if not result.nonfinite_steps:
+    return
+  loop = f"host loop of steps {first_step + 1}-{first_step + num_steps}"
+  if skip:
+    logging.warning("Skipped %d step(s) with NaN/Inf loss or gradients in "
+                    "the %s (--skip_nonfinite_steps): not applied.",
+                    result.nonfinite_steps, loop)
+    return
+  raise NonFiniteLossError(
+      "Loss or gradients are NaN/Inf at step "
+      f"{first_step + result.first_nonfinite + 1} ({loop}). Stopped "
+      "without saving; the last good checkpoint is "
+      f"{latest_checkpoint() or 'none (none was written yet)'} and stays the "
+      "latest. Restart to resume from it (e.g. with a lower "
+      "--base_learning_rate or --precision=float32), or set "
+      "--skip_nonfinite_steps to skip such steps.")
+
+
+def train_record(result: LoopResult, step: int, total: int,
+                 images_per_sec: float, elapsed_s: float, eta_s: float,
+                 learning_rate: float, lost_records: int) -> dict:
+  """The metrics.jsonl record of a host loop ending at `step`; logs it."""
+  record = {"step": step, "split": "train", "loss": result.loss,
+            "top1": result.top1, "top5": result.top5,
+            "examples": result.examples, "images_per_sec": images_per_sec,
+            "elapsed_s": elapsed_s, "learning_rate": learning_rate,
+            "undecodable_images": result.undecodable_images,
+            "skipped_steps": result.nonfinite_steps,
+            "lost_records": lost_records}
+  if result.undecodable_images:
+    logging.warning("Skipped %d undecodable image(s) in the steps up to %d "
+                    "(counted in metrics.jsonl as undecodable_images).",
+                    result.undecodable_images, step)
+  logging.info("step %d/%d: loss %.4f top-1 %.4f lr %.4g %.1f images/s "
+               "ETA %s", step, total, result.loss, result.top1,
+               learning_rate, images_per_sec, format_seconds(eta_s))
+  return record
+
+
+def eta_seconds(elapsed_s: float, steps_done: int, steps_left: int) -> float:
+  """The time left at the pace so far (NaN before the first step)."""
+  return elapsed_s / steps_done * steps_left if steps_done else math.nan
+
+
+def format_seconds(seconds: float) -> str:
+  """H:MM:SS, or '?' for NaN."""
+  if math.isnan(seconds):
+    return "?"
+  minutes, secs = divmod(int(seconds), 60)
+  hours, minutes = divmod(minutes, 60)
+  return f"{hours}:{minutes:02d}:{secs:02d}"

@@ -1,0 +1,259 @@
+"""The training cadence: host loops, evals, checkpoints, logs and failures.
+
+Ying et al. 2018 train with synchronous data parallelism and several steps
+per host call; the step math is train_step.py, the loops host_loops.py, the
+checkpoints checkpointing.py. `Trainer` builds them under the strategy and
+runs `fit`: host loop after host loop, evaluating and checkpointing on the
+configured cadence, one record and log line per loop (loop_report.py).
+Between host loops it checks for SIGTERM (preemption.py) and for non-finite
+loss or gradients; a run stops with a checkpoint (`Preempted`) or without
+overwriting the last good one (`loop_report.NonFiniteLossError`), or skips
+such steps with --skip_nonfinite_steps.
+"""
+import time
+from typing import Callable, Iterator, Sequence
+
+from absl import logging
+import keras
+import tensorflow as tf
+
+from resnet_tpu.train import loop_report
+from resnet_tpu.train import preemption
+from resnet_tpu.model.bn_recompute import BNStatisticsRecomputer
+from resnet_tpu.train.checkpointing import Checkpoints
+from resnet_tpu.train.checkpointing import worker_checkpoint_dir
+from resnet_tpu.config import TrainConfig
+from resnet_tpu.train.host_loops import HostLoops
+from resnet_tpu.train.host_loops import LoopResult
+from resnet_tpu.inputs.input_pipeline import DatasetFn
+from resnet_tpu.train.metrics_log import MetricsLog
+from resnet_tpu.model.resnet import build_model
+from resnet_tpu.optim.optimizers import build_optimizer_from_config
+from resnet_tpu.inputs.shard_audit import LostRecords
+from resnet_tpu.parallel.strategy import is_chief
+from resnet_tpu.train.train_step import make_accumulators
+from resnet_tpu.train.train_step import ReplicaStep
+
+ModelFn = Callable[[TrainConfig], keras.Model]
+# Called with each host loop's train record once it is logged.
+LoopCallback = Callable[[dict], None]
+
+
+class Trainer:
+  """Owns model, optimizer and checkpoints; runs training and evaluation."""
+
+  def __init__(self, cfg: TrainConfig, strategy: tf.distribute.Strategy,
+               model_fn: ModelFn | None = None,
+               bn_groups: Sequence[Sequence[int]] | None = None,
+               loop_callback: LoopCallback | None = None):
+    """model_fn: builds the network (default: model.build_model with
+    `bn_groups`, the TPU placement's BN groups); loop_callback: called with
+    every host loop's train record."""
+    self.cfg = cfg
+    self.strategy = strategy
+    self.chief = is_chief(strategy)
+    self.clock = cfg.clock
+    self._loop_callback = loop_callback
+    with strategy.scope():
+      self.model = (model_fn(cfg) if model_fn else
+                    build_model(cfg, bn_groups=bn_groups))
+      self.optimizer = build_optimizer_from_config(cfg)
+      # Built explicitly before the first traced step (slots must exist as
+      # distributed variables, not be created inside a replica function).
+      self.optimizer.build(self.model.trainable_variables)
+      accumulators = (make_accumulators(self.model)
+                      if cfg.batch_size_schedule else [])
+      # Global batches read from the training input (micro-batches and BN
+      # recomputation included): where a resumed run starts reading.
+      self.input_batches = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                       name="input_batches")
+    self.replica_step = ReplicaStep(cfg, self.model, self.optimizer,
+                                    strategy.num_replicas_in_sync,
+                                    accumulators)
+    self.loops = HostLoops(strategy, self.replica_step)
+    self._bn_recomputer = (BNStatisticsRecomputer(self.model, strategy)
+                           if cfg.bn_stats == "recompute" else None)
+    self.checkpoints = Checkpoints(
+        cfg, self.model, self.optimizer, self.input_batches,
+        worker_checkpoint_dir(cfg.model_dir, strategy, self.chief),
+        self.chief)
+    self.metrics = MetricsLog(cfg.model_dir, enabled=self.chief)
+    self._start_time = time.time()
+    self._lost_records = None
+
+  @property
+  def step(self) -> int:
+    return int(self.optimizer.iterations.numpy())
+
+  def accumulation_steps(self, step: int) -> int:
+    """Micro-batches per optimizer step at `step` (Mikami et al.)."""
+    return self.clock.global_batch_at_step(step) // self.cfg.global_batch_size
+
+  def restore(self) -> int:
+    """Restores the newest intact checkpoint of model_dir; returns the step.
+
+    Metric records of steps after the restored one (training that is about
+    to be redone) are dropped.
+    """
+    path = self.checkpoints.restore()
+    if path:
+      dropped = self.metrics.drop_after(self.step)
+      logging.info("Restored %s at step %d (input at global batch %d)%s",
+                   path, self.step, int(self.input_batches.numpy()),
+                   f"; dropped {dropped} metric records of later steps"
+                   if dropped else "")
+    return self.step
+
+  def save(self) -> str:
+    return self.checkpoints.save()
+
+  def evaluate(self, eval_dataset_fn: DatasetFn, eval_steps: int) -> dict:
+    """Top-1/top-5 over every example of the eval set (padding masked out),
+    with the weights the model has now (call `restore` first to evaluate a
+    checkpoint)."""
+    dataset = self.strategy.distribute_datasets_from_function(eval_dataset_fn)
+    start = time.time()
+    result = LoopResult.of(self.loops.eval(iter(dataset),
+                                           tf.constant(eval_steps)))
+    seconds = time.time() - start
+    record = {"step": self.step, "split": "eval", "loss": result.loss,
+              "top1": result.top1, "top5": result.top5,
+              "examples": result.examples,
+              "images_per_sec": result.examples / seconds,
+              "elapsed_s": time.time() - self._start_time}
+    self.metrics.write(record)
+    logging.info("eval step %d: loss %.4f top-1 %.4f top-5 %.4f over %d "
+                 "examples (%.0f images/s)", record["step"], result.loss,
+                 result.top1, result.top5, result.examples,
+                 record["images_per_sec"])
+    return record
+
+  def fit(self, train_dataset_fn: DatasetFn,
+          eval_dataset_fn: DatasetFn | None = None, eval_steps: int = 0,
+          resume_dataset_fn: Callable[[int], DatasetFn] | None = None,
+          lost_records: LostRecords | None = None) -> dict:
+    """Trains to cfg.total_train_steps, evaluating and checkpointing.
+
+    Resumes from the newest intact checkpoint in model_dir, input included:
+    reading continues at global batch `input_batches`, from
+    `resume_dataset_fn(input_batches)` when given (input_pipeline's
+    start_step skips records before decoding them), else by skipping that
+    many batches of `train_dataset_fn`. `lost_records` counts the records of
+    damaged training files (shard_audit.py), logged per host loop. Returns
+    the last eval record (or the last train record when there is no eval
+    set).
+
+    Raises preemption.Preempted after checkpointing when any worker got
+    SIGTERM, preemption.WorkerLost when a peer worker failed, and
+    loop_report.NonFiniteLossError, without saving, on a NaN/Inf loss or
+    gradient unless cfg.skip_nonfinite_steps.
+    """
+    self._start_time = time.time()
+    self._lost_records = lost_records
+    self.restore()
+    train_iter = iter(self.strategy.distribute_datasets_from_function(
+        self._positioned_input(train_dataset_fn, resume_dataset_fn)))
+    evaluate = ((lambda: self.evaluate(eval_dataset_fn, eval_steps))
+                if eval_dataset_fn else None)
+    try:
+      with preemption.SigtermWatcher() as sigterm:
+        return self._train(train_iter, evaluate, sigterm)
+    except preemption.PEER_ERRORS as e:
+      if not isinstance(self.strategy,
+                        tf.distribute.MultiWorkerMirroredStrategy):
+        raise
+      raise preemption.WorkerLost(
+          f"Lost contact with another worker after step {self.step} "
+          f"({type(e).__name__}: {e.message.splitlines()[0]}). Restart "
+          "every worker with the same flags to resume from "
+          f"{self.checkpoints.latest()}.") from e
+    finally:
+      self.metrics.flush()
+
+  def _positioned_input(self, dataset_fn: DatasetFn,
+                        resume_dataset_fn: Callable[[int], DatasetFn] | None
+                        ) -> DatasetFn:
+    """The training input, after the `input_batches` already read."""
+    start = int(self.input_batches.numpy())
+    if not start:
+      return dataset_fn
+    logging.info("Training input resumes at global batch %d", start)
+    if resume_dataset_fn:
+      return resume_dataset_fn(start)
+
+    def skipped(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+      # A pipeline yields one batch per replica it feeds, each step.
+      per_step = ctx.num_replicas_in_sync // ctx.num_input_pipelines
+      return dataset_fn(ctx).skip(start * per_step)
+
+    return skipped
+
+  def _train(self, train_iter: Iterator, evaluate: Callable[[], dict] | None,
+             sigterm: preemption.SigtermWatcher) -> dict:
+    cfg = self.cfg
+    total = cfg.total_train_steps
+    eval_every = cfg.eval_every_steps or total
+    ckpt_every = cfg.checkpoint_every_steps or eval_every
+    last = {}
+    step = start_step = self.step
+    phase_starts = self.clock.phase_start_steps()
+    while step < total:
+      next_phase = min([s for s in phase_starts if s > step] + [total])
+      n = min(cfg.steps_per_loop, next_phase - step,
+              eval_every - step % eval_every, ckpt_every - step % ckpt_every)
+      micro_batches = self.accumulation_steps(step)
+      t0 = time.time()
+      result = self._host_loop(train_iter, n, micro_batches)
+      seconds = time.time() - t0
+      loop_report.check_finite(result, step, n, cfg.skip_nonfinite_steps,
+                               self.checkpoints.latest)
+      step = self.step
+      last = self._log_train(result, n * micro_batches, seconds, step,
+                             start_step, total)
+      preempted = sigterm.any_worker_received(self.strategy) and step < total
+      do_save = step % ckpt_every == 0 or step == total
+      do_eval = evaluate is not None and (step % eval_every == 0 or
+                                          step == total)
+      if self._bn_recomputer and (do_save or do_eval):
+        self._bn_recomputer.recompute(train_iter, cfg.bn_recompute_batches)
+        self.input_batches.assign_add(cfg.bn_recompute_batches)
+      if do_save or preempted:
+        path = self.save()
+      if do_eval:
+        last = evaluate()
+      if preempted:
+        raise preemption.Preempted(
+            f"Preempted (SIGTERM) at step {step}/{total}: saved {path}. Run "
+            "the same command again to resume; exit code "
+            f"{preemption.PREEMPTED_EXIT_CODE}.")
+    return last
+
+  def _host_loop(self, train_iter: Iterator, num_steps: int,
+                 micro_batches: int) -> LoopResult:
+    if micro_batches == 1:
+      sums = self.loops.train(train_iter, tf.constant(num_steps))
+    else:
+      sums = self.loops.accumulating_train(train_iter, tf.constant(num_steps),
+                                           tf.constant(micro_batches))
+    result = LoopResult.of(sums)  # blocks until the loop is done
+    self.input_batches.assign_add(num_steps * micro_batches)
+    return result
+
+  def _log_train(self, result: LoopResult, batches: int, seconds: float,
+                 step: int, start_step: int, total: int) -> dict:
+    elapsed = time.time() - self._start_time
+    record = loop_report.train_record(
+        result, step, total,
+        images_per_sec=batches * self.cfg.global_batch_size / seconds,
+        elapsed_s=elapsed,
+        eta_s=loop_report.eta_seconds(elapsed, step - start_step,
+                                      total - step),
+        learning_rate=float(tf.convert_to_tensor(
+            self.optimizer.learning_rate)),
+        # Raises under --on_corrupt_shard=fail.
+        lost_records=(self._lost_records.take() if self._lost_records
+                      else 0))
+    self.metrics.write(record)
+    if self._loop_callback:
+      self._loop_callback(record)
+    return record

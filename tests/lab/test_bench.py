@@ -1,0 +1,134 @@
+"""Every benchmark of `make bench` runs at its tiniest setting, so none can
+rot, and REPORT.md renders what the run wrote.
+
+No timing is asserted here: performance lives in `make bench`. The developer
+profilers (lab/dev) are smoke-tested in tests/lab.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+HEADLINES = {"train.json": ("ours_vs_keras_fp32", "ours_vs_keras_bf16",
+                            "mfu_bf16"),
+             "bn_groups.json": ("bn_group4_vs_group1",)}
+
+
+def _run(module: str, output_dir, *args, timeout=600):
+  result = subprocess.run(
+      [sys.executable, "-m", module, f"--output_dir={output_dir}", *args],
+      cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return result
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+  out = tmp_path_factory.mktemp("bench")
+  _run("lab.bench_train", out, "--tiny",
+       f"--scratch_dir={out}/scratch_train")
+  _run("lab.bench_bn_groups", out, "--tiny",
+       f"--scratch_dir={out}/scratch_bn")
+  _run("lab.bench_report", out)
+  return out
+
+
+def test_training_benchmarks_write_the_summary_keys(results):
+  with open(results / "summary.json") as f:
+    summary = json.load(f)
+  for key in (key for keys in HEADLINES.values() for key in keys):
+    assert isinstance(summary[key], float) and summary[key] > 0, key
+
+
+def test_each_headline_ratio_has_its_range_over_repetitions(results):
+  summary = json.loads((results / "summary.json").read_text())
+  report = (results / "REPORT.md").read_text()
+  for name, keys in HEADLINES.items():
+    ranges = json.loads((results / name).read_text())["headline_ranges"]
+    for key in keys:
+      # --tiny runs one repetition: its pair of samples is the median pair.
+      assert ranges[key] == pytest.approx([summary[key]] * 2), key
+      assert (f" | {summary[key]:.3f} | {ranges[key][0]:.3f}-"
+              f"{ranges[key][1]:.3f} |") in report, key
+
+
+def test_report_holds_every_table(results):
+  text = (results / "REPORT.md").read_text()
+  for heading in ("ours vs keras.applications.ResNet50",
+                  "Model FLOP utilisation", "Host loop",
+                  "Distributed BN: group size"):
+    assert heading in text
+  assert "| ratio | compares | median | min-max over repetitions |" in text
+
+
+def test_alternate_gives_slow_variants_only_the_first_repetitions():
+  from tools import bench_common
+  calls = []
+  variants = {name: (lambda name=name: calls.append(name) or len(calls))
+              for name in ("a", "slow", "b")}
+  runs = bench_common.alternate(variants, 3, fewer={"slow": 1})
+  assert calls == ["a", "slow", "b", "a", "b", "a", "b"]
+  assert runs == {"a": [1, 4, 6], "slow": [2], "b": [3, 5, 7]}
+
+
+def test_paired_range_pairs_the_samples_of_one_repetition():
+  from tools import bench_common
+  # A variant with fewer repetitions pairs with the first ones.
+  assert bench_common.paired_range([2.0, 6.0, 3.0], [1.0, 2.0]) == [2.0, 3.0]
+
+
+def test_report_takes_machine_and_ranges_from_the_run_and_names_missing_parts(
+    tmp_path):
+  machine = {"cores": 2, "cpu": "Some CPU", "cpu_features": {"avx2": True},
+             "tensorflow": "2.0", "onednn_kernels": False,
+             "date": "1999-01-01"}
+  (tmp_path / "summary.json").write_text('{"bn_group4_vs_group1": 1.2}')
+  (tmp_path / "bn_groups.json").write_text(json.dumps(
+      {"machine": machine,
+       "headline_ranges": {"bn_group4_vs_group1": [1.1, 1.3]}}))
+  _run("lab.bench_report", tmp_path)
+  text = (tmp_path / "REPORT.md").read_text()
+  assert ("Measured on 2 cores of Some CPU (avx2 yes), TensorFlow 2.0, "
+          "oneDNN CPU kernels off, 1999-01-01.") in text
+  assert ("| `bn_group4_vs_group1` | step time, bn_group_size 4 / 1, 8 CPU "
+          "replicas | 1.200 | 1.100-1.300 |") in text
+  assert "(cpu_kernels.md missing: run `make bench-cpu-kernels`.)" in text
+  assert "(train.md missing: run `make bench`.)" in text
+
+
+def test_bench_results_holds_one_run_and_the_studies():
+  names = set(os.listdir(os.path.join(ROOT, "bench_results")))
+  folders = {n for n in names
+             if os.path.isdir(os.path.join(ROOT, "bench_results", n))}
+  assert folders <= {"studies"}, folders  # make study's output
+  studies = os.path.join(ROOT, "bench_results", "studies")
+  if "studies" in folders:
+    assert set(os.listdir(studies)) <= {
+        study + ext for study in ("a_distributed_bn", "b_large_batch",
+                                  "c_batch_size_control")
+        for ext in (".md", ".json", ".png")}, os.listdir(studies)
+  assert {"REPORT.md", "summary.json", "train.json", "train.md",
+          "bn_groups.json", "bn_groups.md", "input.json", "input.md",
+          "allreduce_sim.json", "allreduce_sim.md"} <= names
+
+
+def test_kept_timers_outlive_their_benchmark_function():
+  import gc
+  import weakref
+  from tools import bench_common
+
+  class Timers(dict):
+    pass
+
+  def bench():
+    timers = Timers(a=lambda: 1.0)
+    bench_common.keep_until_exit(timers)
+    return weakref.ref(timers)
+
+  ref = bench()
+  gc.collect()
+  assert ref() is not None

@@ -1,0 +1,60 @@
+"""One smoke per lab entry point (lab/), so none rots unseen by `make test`:
+each starts and prints its usage, or renders what it renders. Their runs at
+their tiniest settings are tests/lab (`make test-lab`)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The lab's scripts that take flags; bench_report and input_profile_table
+# are smoked below on their real inputs.
+ENTRY_POINTS = ("lab.bench_train", "lab.bench_bn_groups", "lab.bench_input",
+                "lab.allreduce_sim", "lab.study", "lab.dev.bench_collectives",
+                "lab.dev.bench_cpu_kernels", "lab.dev.op_profile",
+                "lab.dev.profile_step")
+
+
+@pytest.mark.parametrize("module", ENTRY_POINTS)
+def test_entry_point_starts_and_prints_its_usage(module):
+  result = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+  # absl's --help exits 1 after the usage; argparse's exits 0.
+  assert result.returncode in (0, 1), result.stderr[-3000:]
+  assert "Traceback" not in result.stderr, result.stderr[-3000:]
+  assert f"python -m {module}" in result.stdout + result.stderr
+
+
+def test_committed_report_is_the_rendering_of_the_committed_run():
+  from lab import bench_report
+  with open(os.path.join(ROOT, "bench_results", "REPORT.md")) as f:
+    committed = f.read()
+  assert bench_report.report(os.path.join(ROOT, "bench_results")) == committed, (
+      "bench_results/REPORT.md is stale: python -m lab.bench_report")
+
+
+def test_input_profile_table_groups_perf_lines_by_stage():
+  from lab.dev import input_profile_table as table
+  report = """
+# Samples: 33K of event 'cpu-clock:ppp'
+    48.24%  libtensorflow_cc.so.2   [.] decode_mcu
+     9.51%  libtensorflow_cc.so.2   [.] tensorflow::(anonymous namespace)::resize_image<float>
+     5.11%  libc.so.6               [.] __memmove_avx_unaligned_erms
+     2.54%  [kernel.kallsyms]       [k] finish_task_switch.isra.0
+     1.47%  libtensorflow_cc.so.2   [.] jsimd_ycc_rgb_convert_avx2.columnloop
+     0.93%  libtensorflow_framework.so.2  [.] tensorflow::ExecutorState::Process
+     0.50%  libpython3.11.so.1.0    [.] _PyEval_EvalFrameDefault
+"""
+  shares = table.stage_shares(report)
+  assert shares["JPEG entropy decoding (decode_mcu)"] == 48.24
+  assert shares["bilinear resize"] == 9.51
+  assert shares["memory copies, malloc/free"] == 5.11
+  assert shares["OS kernel (scheduling, faults, syscalls)"] == 2.54
+  assert shares["JPEG IDCT, upsampling, colour conversion"] == 1.47
+  assert shares["TensorFlow runtime (executor, thread pools, tf.data)"] == 0.93
+  assert shares["other"] == 0.5
+  text = table.markdown({"fused": shares, "ceiling": shares})
+  assert "| bilinear resize | 9.5% | 9.5% |" in text
+  with pytest.raises(ValueError, match="no `perf report` sample lines"):
+    table.stage_shares("# nothing\n")
