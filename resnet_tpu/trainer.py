@@ -29,7 +29,7 @@ from resnet_tpu.input_pipeline import DatasetFn
 from resnet_tpu.metrics_log import MetricsLog
 from resnet_tpu.model import build_model
 from resnet_tpu.optimizers import build_optimizer_from_config
-from resnet_tpu.shard_audit import LostRecords
+from resnet_tpu.shard_audit import DataFaults
 from resnet_tpu.strategy import is_chief
 from resnet_tpu.train_step import make_accumulators
 from resnet_tpu.train_step import ReplicaStep
@@ -79,7 +79,7 @@ class Trainer:
         self.chief)
     self.metrics = MetricsLog(cfg.model_dir, enabled=self.chief)
     self._start_time = time.time()
-    self._lost_records = None
+    self._faults = None
 
   @property
   def step(self) -> int:
@@ -131,15 +131,15 @@ class Trainer:
   def fit(self, train_dataset_fn: DatasetFn,
           eval_dataset_fn: DatasetFn | None = None, eval_steps: int = 0,
           resume_dataset_fn: Callable[[int], DatasetFn] | None = None,
-          lost_records: LostRecords | None = None) -> dict:
+          faults: DataFaults | None = None) -> dict:
     """Trains to cfg.total_train_steps, evaluating and checkpointing.
 
     Resumes from the newest intact checkpoint in model_dir, input included:
     reading continues at global batch `input_batches`, from
     `resume_dataset_fn(input_batches)` when given (input_pipeline's
     start_step skips records before decoding them), else by skipping that
-    many batches of `train_dataset_fn`. `lost_records` counts the records of
-    damaged training files (shard_audit.py), logged per host loop. Returns
+    many batches of `train_dataset_fn`. `faults` names the training files
+    behind unusable and lost records (shard_audit.py) per host loop. Returns
     the last eval record (or the last train record when there is no eval
     set).
 
@@ -149,7 +149,9 @@ class Trainer:
     gradient unless cfg.skip_nonfinite_steps.
     """
     self._start_time = time.time()
-    self._lost_records = lost_records
+    self._faults = faults
+    if faults:
+      self.replica_step.num_sources = faults.num_sources
     self.restore()
     train_iter = iter(self.strategy.distribute_datasets_from_function(
         self._positioned_input(train_dataset_fn, resume_dataset_fn)))
@@ -249,11 +251,11 @@ class Trainer:
         eta_s=loop_report.eta_seconds(elapsed, step - start_step,
                                       total - step),
         learning_rate=float(tf.convert_to_tensor(
-            self.optimizer.learning_rate)),
-        # Raises under --on_corrupt_shard=fail.
-        lost_records=(self._lost_records.take() if self._lost_records
-                      else 0))
+            self.optimizer.learning_rate)))
     self.metrics.write(record)
+    if self._faults:
+      self.metrics.flush()  # the count is on disk before a fail stop
+      self._faults.report(result.by_source, step)
     if self._loop_callback:
       self._loop_callback(record)
     return record
