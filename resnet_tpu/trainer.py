@@ -4,7 +4,8 @@ Ying et al. 2018 train with synchronous data parallelism and several steps
 per host call; the step math is train_step.py, the loops host_loops.py, the
 checkpoints checkpointing.py. `Trainer` builds them under the strategy and
 runs `fit`: host loop after host loop, evaluating and checkpointing on the
-configured cadence, one record and log line per loop (loop_report.py).
+configured cadence (steps, and minutes: cadence.py), one record and log
+line per loop (loop_report.py).
 Between host loops it checks for SIGTERM (preemption.py) and for non-finite
 loss or gradients; a run stops with a checkpoint (`Preempted`) or without
 overwriting the last good one (`loop_report.NonFiniteLossError`), or skips
@@ -17,6 +18,7 @@ from absl import logging
 import keras
 import tensorflow as tf
 
+from resnet_tpu import cadence
 from resnet_tpu import loop_report
 from resnet_tpu import preemption
 from resnet_tpu.bn_recompute import BNStatisticsRecomputer
@@ -78,6 +80,7 @@ class Trainer:
         worker_checkpoint_dir(cfg.model_dir, strategy, self.chief),
         self.chief)
     self.metrics = MetricsLog(cfg.model_dir, enabled=self.chief)
+    self.save_timer = cadence.SaveTimer(cfg.checkpoint_every_minutes)
     self._start_time = time.time()
     self._faults = None
 
@@ -199,6 +202,7 @@ class Trainer:
     last = {}
     step = start_step = self.step
     phase_starts = self.clock.phase_start_steps()
+    self.save_timer.restart()
     while step < total:
       next_phase = min([s for s in phase_starts if s > step] + [total])
       n = min(cfg.steps_per_loop, next_phase - step,
@@ -213,7 +217,8 @@ class Trainer:
       last = self._log_train(result, n * micro_batches, seconds, step,
                              start_step, total)
       preempted = sigterm.any_worker_received(self.strategy) and step < total
-      do_save = step % ckpt_every == 0 or step == total
+      timed = self.save_timer.due(self.strategy)
+      do_save = step % ckpt_every == 0 or step == total or timed
       do_eval = evaluate is not None and (step % eval_every == 0 or
                                           step == total)
       if self._bn_recomputer and (do_save or do_eval):
@@ -221,6 +226,7 @@ class Trainer:
         self.input_batches.assign_add(cfg.bn_recompute_batches)
       if do_save or preempted:
         path = self.save()
+        self.save_timer.restart()
       if do_eval:
         last = evaluate()
       if preempted:

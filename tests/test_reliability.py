@@ -21,6 +21,7 @@ import tensorflow as tf
 from tensorflow.python.checkpoint import checkpoint_management
 
 from conftest import cpu_strategy
+from resnet_tpu import cadence
 from resnet_tpu import checkpointing
 from resnet_tpu import loop_report
 from resnet_tpu import preemption
@@ -344,3 +345,43 @@ def test_skip_nonfinite_steps_trains_as_if_the_bad_batch_was_never_there(
   assert [r["skipped_steps"] for r in read_metrics(tmp_path / "skip")] == [
       1, 0]
 
+
+# --- hard kill: the wall-clock cadence ---------------------------------------
+
+class _FakeClock:
+  """A monotonic clock that moves `minutes` each time it is read."""
+
+  def __init__(self, minutes: float):
+    self.seconds = 0.0
+    self.step_s = minutes * 60
+
+  def __call__(self) -> float:
+    self.seconds += self.step_s
+    return self.seconds
+
+
+def test_default_flags_checkpoint_within_ten_minutes_without_an_eval(
+    tmp_path):
+  """A hard kill (no SIGTERM) then loses minutes, not the run."""
+  images, labels = _batches(6)
+  cfg = _config(tmp_path, train_steps=6, checkpoint_every_steps=0)
+  assert (cfg.checkpoint_every_minutes, cfg.eval_every_steps) == (10.0, 0)
+  trainer = _trainer(cfg, cpu_strategy(1))
+  # Each host loop reads the clock once: 4 minutes a loop; the timer
+  # restarts (one more read) at the start and after each save.
+  trainer.save_timer = cadence.SaveTimer(cfg.checkpoint_every_minutes,
+                                         now=_FakeClock(4))
+  trainer.fit(_dataset_fn(images, labels))
+  assert sorted(f for f in os.listdir(tmp_path) if f.endswith(".index")) == [
+      "ckpt-3.index", "ckpt-6.index"]
+
+
+def test_checkpoint_every_minutes_0_saves_only_on_the_step_cadence(tmp_path):
+  images, labels = _batches(6)
+  cfg = _config(tmp_path, train_steps=6, checkpoint_every_steps=0,
+                checkpoint_every_minutes=0.0)
+  trainer = _trainer(cfg, cpu_strategy(1))
+  trainer.save_timer = cadence.SaveTimer(0.0, now=_FakeClock(4))
+  trainer.fit(_dataset_fn(images, labels))
+  assert [f for f in os.listdir(tmp_path) if f.endswith(".index")] == [
+      "ckpt-6.index"]
