@@ -6,7 +6,9 @@ config.validate checks the flags themselves (folders exist, sizes agree);
 here the data and the model_dir are opened:
 
 * `check_data_dir`: the first record of the train and validation files is
-  read: the files must be TFRecords of tf.train.Example with the features of
+  read, with tf.io.gfile alone (MultiWorkerMirroredStrategy can configure
+  its collectives only before TensorFlow's runtime starts): the files must
+  be TFRecords of tf.train.Example with the features of
   input_pipeline.FEATURES, and the label must lie in [0, --num_classes)
   after --label_offset. Later records are guarded while training
   (data_checks.py). A progressive JPEG in the first training record is
@@ -32,6 +34,7 @@ from resnet_tpu import data_checks
 from resnet_tpu import input_pipeline
 from resnet_tpu import manifest
 from resnet_tpu import schedules
+from resnet_tpu import shard_audit
 from resnet_tpu.config import CONFIG_FILE
 from resnet_tpu.config import ConfigError
 from resnet_tpu.config import TrainConfig
@@ -46,16 +49,18 @@ MAX_LISTED = 5
 
 
 def _first_record(files: list[str]) -> tuple[bytes, str] | None:
-  """The first record of the first non-empty file, and that file."""
+  """The first record of the first non-empty file, and that file (read
+  without starting TensorFlow's runtime: shard_audit.first_record)."""
   for path in files:
     try:
-      for record in tf.data.TFRecordDataset(path).take(1):
-        return record.numpy(), path
+      record = shard_audit.first_record(path)
     except tf.errors.DataLossError as e:
       raise ConfigError(
-          f"{path} (in --data_dir) is not a TFRecord file: "
-          f"{e.message.split(' [Op:')[0]}. Expected the imagenet_to_gcs "
-          "format written by data/build_tfrecords.py.") from e
+          f"{path} (in --data_dir) is not a TFRecord file: {e.message}. "
+          "Expected the imagenet_to_gcs format written by "
+          "data/build_tfrecords.py.") from e
+    if record is not None:
+      return record, path
   return None
 
 

@@ -102,6 +102,25 @@ def describe_fault(path: str, offset: int) -> str:
   return f"an unreadable record at byte {offset:,}"
 
 
+def first_record(path: str) -> bytes | None:
+  """The first record of TFRecord file `path` (None: it ends before one),
+  read with tf.io.gfile alone: no TensorFlow runtime starts, which a
+  multi-worker strategy must configure first. Raises DataLossError naming
+  what it found where a record should be."""
+  with tf.io.gfile.GFile(path, "rb") as f:
+    header = f.read(HEADER_BYTES)
+    if len(header) < HEADER_BYTES:
+      return None  # as TFRecordDataset reads it: no record, no error
+    length = int.from_bytes(header[:8], "little")
+    ok_length = masked_crc32c(header[:8]) == int.from_bytes(header[8:],
+                                                            "little")
+    data = f.read(length + 4) if ok_length else b""
+  if len(data) == length + 4 and masked_crc32c(data[:-4]) == int.from_bytes(
+      data[-4:], "little"):
+    return data[:-4]
+  raise tf.errors.DataLossError(None, None, describe_fault(path, 0))
+
+
 def readable_prefix(path: str) -> tuple[int, int]:
   """(records, bytes) TensorFlow's reader reads before a damaged record."""
   records = nbytes = 0

@@ -91,6 +91,19 @@ def test_on_corrupt_shard_fail_raises_naming_the_file(damaged):
     faults.report([0, 0, 0, lost_count], step=4)
 
 
+def test_first_record_is_read_from_the_framing_and_damage_is_named(
+    tmp_path):
+  (path, records), (other, others) = damaged_shards.write_shards(
+      tmp_path).items()
+  assert shard_audit.first_record(path) == records[0]
+  damaged_shards.flip_bytes_in_record(other, others, 0)
+  with pytest.raises(tf.errors.DataLossError,
+                     match=r"a corrupt record at byte 0 \(data CRC mismatch"):
+    shard_audit.first_record(other)
+  (tmp_path / "empty").write_bytes(b"")
+  assert shard_audit.first_record(str(tmp_path / "empty")) is None
+
+
 def test_counting_leaves_the_records_and_their_order_alone(tmp_path):
   shards = damaged_shards.write_shards(tmp_path)
   same = dict(seed=3, deterministic=True)
