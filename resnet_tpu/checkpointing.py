@@ -13,7 +13,8 @@ is damage: that checkpoint is moved aside into its own folder of `damaged/`
 (never over an earlier one) and the newest intact one is restored instead.
 An error that may pass (a bucket's 503, a deadline: TRANSIENT_CODES) is
 retried with a bounded backoff; if it persists the run stops naming the
-checkpoint and the error, and moves nothing.
+checkpoint and the error, and moves nothing. Each worker restores on its
+own, so all then compare what they restored (`check_workers_agree`).
 """
 import os
 import time
@@ -43,6 +44,53 @@ RETRY_DELAYS_S = (1.0, 4.0, 15.0, 60.0)
 class CheckpointUnavailable(ConfigError):
   """A checkpoint stayed unreadable through every retry of an error that
   may be transient; nothing was moved."""
+
+
+class RestoreMismatch(ConfigError):
+  """Workers restored different steps or input positions."""
+
+
+def check_workers_agree(strategy: tf.distribute.Strategy, step: int,
+                        input_batches: int) -> None:
+  """Raises RestoreMismatch on every worker when the workers restored
+  different steps or input positions; call on every worker together,
+  before any training step.
+
+  A worker that fell back to an older checkpoint (damage only it saw, a
+  stale copy of model_dir) would train on with other weights, LR and
+  input. One all-gather of (task, step, input_batches) shows each worker
+  every pair, so all stop with the same message.
+  """
+  if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+    return
+  mine = tf.constant([[strategy.cluster_resolver.task_id, step,
+                       input_batches]], tf.int64)
+  restored = strategy.gather(
+      strategy.experimental_distribute_values_from_function(lambda _: mine),
+      axis=0).numpy()
+  message = restore_disagreement(
+      {int(t): (int(s), int(i)) for t, s, i in restored})
+  if message:
+    raise RestoreMismatch(message)
+
+
+def restore_disagreement(by_task: dict[int, tuple[int, int]]) -> str | None:
+  """What differs in task -> (step, input_batches) restored, naming both
+  sides and what to do; None when every worker restored the same."""
+  if len(set(by_task.values())) == 1:
+    return None
+  steps = sorted({s for s, _ in by_task.values()}, reverse=True)
+  inputs = sorted({i for _, i in by_task.values()}, reverse=True)
+  differ = (f"steps {_listed(steps)}" if len(steps) > 1 else
+            f"step {steps[0]}, input at global batches {_listed(inputs)}")
+  return (
+      f"worker restores disagree: {differ} ("
+      + "; ".join(f"worker {t}: step {s}, input at global batch {i}"
+                  for t, (s, i) in sorted(by_task.items())) +
+      "). Stopped before any training step. Every worker must restore the "
+      "same checkpoint: give all the same --model_dir, and see each "
+      "worker's warnings for a checkpoint it found damaged; then run the "
+      "same command again.")
 
 
 def worker_checkpoint_dir(model_dir: str, strategy: tf.distribute.Strategy,
@@ -197,6 +245,11 @@ class Checkpoints:
           all_model_checkpoint_timestamps=[times[p] for p in intact
                                            if p in times] or None)
     self.manager = self._manager()
+
+
+def _listed(values: list[int]) -> str:
+  """"10 and 5", "10, 5 and 3"."""
+  return ", ".join(map(str, values[:-1])) + f" and {values[-1]}"
 
 
 def _free_folder(path: str) -> str:

@@ -22,6 +22,7 @@ from resnet_tpu import cadence
 from resnet_tpu import loop_report
 from resnet_tpu import preemption
 from resnet_tpu.bn_recompute import BNStatisticsRecomputer
+from resnet_tpu.checkpointing import check_workers_agree
 from resnet_tpu.checkpointing import Checkpoints
 from resnet_tpu.checkpointing import worker_checkpoint_dir
 from resnet_tpu.config import TrainConfig
@@ -95,16 +96,21 @@ class Trainer:
   def restore(self) -> int:
     """Restores the newest intact checkpoint of model_dir; returns the step.
 
-    Metric records of steps after the restored one (training that is about
-    to be redone) are dropped.
+    Every worker must call this together: they check that all restored the
+    same step and input position (checkpointing.RestoreMismatch). Metric
+    records of steps after the restored one (training that is about to be
+    redone) are dropped.
     """
     path = self.checkpoints.restore()
+    input_batches = int(self.input_batches.numpy())
     if path:
-      dropped = self.metrics.drop_after(self.step)
-      logging.info("Restored %s at step %d (input at global batch %d)%s",
-                   path, self.step, int(self.input_batches.numpy()),
-                   f"; dropped {dropped} metric records of later steps"
-                   if dropped else "")
+      logging.info("Restored %s at step %d (input at global batch %d)",
+                   path, self.step, input_batches)
+    check_workers_agree(self.strategy, self.step, input_batches)
+    dropped = self.metrics.drop_after(self.step) if path else 0
+    if dropped:
+      logging.info("Dropped %d metric records of steps after %d.", dropped,
+                   self.step)
     return self.step
 
   def save(self) -> str:

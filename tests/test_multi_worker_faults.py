@@ -5,14 +5,22 @@ Two processes train under MultiWorkerMirroredStrategy on 127.0.0.1
 time and killed if it outlives its bound:
   * a damaged training file that only the non-chief worker reads is counted
     in the chief's metrics.jsonl (`lost_records`, summed over workers), and
-    with --on_corrupt_shard=fail every worker exits 1 naming the file.
+    with --on_corrupt_shard=fail every worker exits 1 naming the file;
+  * a worker that restores an older checkpoint than the other (its view of
+    model_dir has the newest one damaged) makes both stop, naming both
+    steps, before any training step.
 """
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 
+import tensorflow as tf
+
 import damaged_shards
+from resnet_tpu import checkpointing
 from resnet_tpu.metrics_log import read_metrics
 from test_multi_worker import _free_loopback_ports
 from test_multi_worker_failure import _kill_all
@@ -106,3 +114,51 @@ def test_on_corrupt_shard_fail_stops_every_worker_naming_the_non_chiefs_file(
   for log in logs:
     assert f"main.py: error: Damaged training shard {path}" in log
     assert "Lost contact with another worker" not in log
+
+
+def _synthetic_flags(model_dir, train_steps: int) -> list[str]:
+  return [f"--model_dir={model_dir}", "--use_synthetic_data",
+          "--num_classes=10", f"--train_steps={train_steps}",
+          "--steps_per_loop=5", "--checkpoint_every_steps=5"]
+
+
+def test_workers_that_restore_different_steps_stop_before_training(
+    tmp_path):
+  model_dir = tmp_path / "model"
+  codes = _run_workers(tmp_path / "first",
+                       [_synthetic_flags(model_dir, 10)] * WORKERS)
+  assert codes == [0] * WORKERS, _logs(tmp_path / "first")[0][-3000:]
+  assert tf.train.latest_checkpoint(str(model_dir)).endswith("ckpt-10")
+  # Worker 1's view of model_dir: the newest checkpoint's data cut short,
+  # so it falls back to ckpt-5 (as on damage only it saw).
+  stale_dir = tmp_path / "stale_copy"
+  shutil.copytree(model_dir, stale_dir)
+  data, = stale_dir.glob("ckpt-10.data-*")
+  data.write_bytes(data.read_bytes()[:data.stat().st_size // 2])
+
+  codes = _run_workers(tmp_path / "second",
+                       [_synthetic_flags(model_dir, 20),
+                        _synthetic_flags(stale_dir, 20)])
+  logs = _logs(tmp_path / "second")
+  assert codes == [1] * WORKERS, logs[0][-3000:] + logs[1][-3000:]
+  for log in logs:
+    assert "main.py: error: worker restores disagree: steps 10 and 5" in log
+    assert not re.search(r"step \d+/20", log)  # no host loop ran
+  assert "ckpt-10 at step 10 (input at global batch 10)" in logs[0]
+  assert "ckpt-5 at step 5 (input at global batch 5)" in logs[1]
+  assert "worker 0: step 10, input at global batch 10" in logs[0]
+  assert "worker 1: step 5, input at global batch 5" in logs[0]
+  assert max(r["step"] for r in read_metrics(str(model_dir))) == 10
+  assert tf.train.latest_checkpoint(str(model_dir)).endswith("ckpt-10")
+
+
+def test_a_restore_disagreement_names_what_differs_on_each_worker():
+  assert checkpointing.restore_disagreement({0: (10, 10), 1: (10, 10)}) is None
+  steps = checkpointing.restore_disagreement({0: (10, 10), 1: (5, 5),
+                                              2: (3, 3)})
+  assert steps.startswith("worker restores disagree: steps 10, 5 and 3 (")
+  inputs = checkpointing.restore_disagreement({0: (10, 12), 1: (10, 10)})
+  assert inputs.startswith("worker restores disagree: step 10, input at "
+                           "global batches 12 and 10 (worker 0: step 10, "
+                           "input at global batch 12; worker 1: step 10, "
+                           "input at global batch 10).")
