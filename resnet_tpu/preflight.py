@@ -6,9 +6,7 @@ config.validate checks the flags themselves (folders exist, sizes agree);
 here the data and the model_dir are opened:
 
 * `check_data_dir`: the first record of the train and validation files is
-  read, with tf.io.gfile alone (MultiWorkerMirroredStrategy can configure
-  its collectives only before TensorFlow's runtime starts): the files must
-  be TFRecords of tf.train.Example with the features of
+  read: the files must be TFRecords of tf.train.Example with the features of
   input_pipeline.FEATURES, and the label must lie in [0, --num_classes)
   after --label_offset. Later records are guarded while training
   (data_checks.py). A progressive JPEG in the first training record is
@@ -21,6 +19,9 @@ here the data and the model_dir are opened:
 * `num_train_images`: the epoch length, from the data unless set.
 * `schedule_warnings`: warm-up, decays and batch-size switches that lie
   beyond the end of the run (the LR schedule counts in epochs).
+
+Every read here goes through tf.io.gfile alone: MultiWorkerMirroredStrategy
+can configure its collectives only before TensorFlow's runtime starts.
 """
 import json
 import os
@@ -181,7 +182,8 @@ def check_manifest(cfg: TrainConfig) -> None:
 def num_train_images(cfg: TrainConfig) -> int:
   """Images per epoch: --num_train_images, else the train records of
   manifest.json, else ImageNet's count for its 1024-file layout, else a
-  count of the records (a read of every train file, without parsing).
+  count of the records (their framing read in every train file:
+  shard_audit.count_records).
   Synthetic data stands in for ImageNet."""
   if cfg.num_train_images:
     return cfg.num_train_images
@@ -200,7 +202,7 @@ def num_train_images(cfg: TrainConfig) -> int:
                  "manifest.json to count them)", f"{IMAGENET_TRAIN_IMAGES:,}")
     return IMAGENET_TRAIN_IMAGES
   start = time.monotonic()
-  count = input_pipeline.count_examples(cfg.data_dir, "train")
+  count = sum(map(shard_audit.count_records, files))
   logging.info("Counted %s training records in %d files in %.1f s (a "
                "manifest.json saves this: `%s --write_manifest`)",
                f"{count:,}", len(files), time.monotonic() - start,

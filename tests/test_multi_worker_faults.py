@@ -1,14 +1,16 @@
 """What one worker alone sees stops or reaches every worker.
 
-Two processes train under MultiWorkerMirroredStrategy on 127.0.0.1
-(tests/reliability_worker.py: main.py with a tiny network), each bounded in
+Worker processes run MultiWorkerMirroredStrategy on 127.0.0.1 (two train:
+tests/reliability_worker.py, main.py with a tiny network), each bounded in
 time and killed if it outlives its bound:
   * a damaged training file that only the non-chief worker reads is counted
     in the chief's metrics.jsonl (`lost_records`, summed over workers), and
     with --on_corrupt_shard=fail every worker exits 1 naming the file;
   * a worker that restores an older checkpoint than the other (its view of
     model_dir has the newest one damaged) makes both stop, naming both
-    steps, before any training step.
+    steps, before any training step;
+  * pre-flight's reads leave TensorFlow's runtime unstarted, so a
+    multi-worker strategy can still configure its collectives after them.
 """
 import json
 import os
@@ -162,3 +164,36 @@ def test_a_restore_disagreement_names_what_differs_on_each_worker():
                            "global batches 12 and 10 (worker 0: step 10, "
                            "input at global batch 12; worker 1: step 10, "
                            "input at global batch 10).")
+
+
+PREFLIGHT_THEN_STRATEGY = """
+import sys
+from resnet_tpu import preflight
+from resnet_tpu.config import TrainConfig
+cfg = TrainConfig(data_dir=sys.argv[1], model_dir=sys.argv[2], num_classes=3)
+preflight.check_data_dir(cfg)
+preflight.check_model_dir(cfg)
+preflight.check_manifest(cfg)
+print("training images:", preflight.num_train_images(cfg))
+import tensorflow as tf
+tf.distribute.MultiWorkerMirroredStrategy()
+print("strategy started")
+"""
+
+
+def test_preflight_leaves_a_multi_worker_strategy_free_to_start(tmp_path):
+  """MultiWorkerMirroredStrategy configures its collectives only before
+  TensorFlow's runtime starts: pre-flight must not start it."""
+  damaged_shards.write_shards(tmp_path)  # no manifest: records are counted
+  damaged_shards.write_shards(tmp_path, "validation", num_files=1)
+  port, = _free_loopback_ports(1)
+  env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=ROOT,
+             TF_CPP_MIN_LOG_LEVEL="2", TF_CONFIG=json.dumps(
+                 {"cluster": {"worker": [f"127.0.0.1:{port}"]},
+                  "task": {"type": "worker", "index": 0}}))
+  done = subprocess.run(
+      [sys.executable, "-c", PREFLIGHT_THEN_STRATEGY, str(tmp_path),
+       str(tmp_path / "model")], env=env, cwd=ROOT, capture_output=True,
+      text=True, timeout=RUN_BOUND_S, check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert "training images: 12\nstrategy started" in done.stdout

@@ -104,6 +104,15 @@ def test_first_record_is_read_from_the_framing_and_damage_is_named(
   assert shard_audit.first_record(str(tmp_path / "empty")) is None
 
 
+def test_count_records_counts_the_records_before_a_cut(tmp_path):
+  (path, records), (cut, others) = damaged_shards.write_shards(
+      tmp_path).items()
+  damaged_shards.truncate_in_record(cut, others, 2)
+  assert shard_audit.count_records(path) == PER_FILE
+  assert shard_audit.count_records(cut) == 2 == shard_audit.readable_prefix(
+      cut)[0]
+
+
 def test_counting_leaves_the_records_and_their_order_alone(tmp_path):
   shards = damaged_shards.write_shards(tmp_path)
   same = dict(seed=3, deterministic=True)
