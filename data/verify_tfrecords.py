@@ -12,10 +12,16 @@ reader. Reported, each naming the file:
   * with a manifest.json (resnet_tpu/inputs/manifest.py): files it lists that are
     missing, files it does not list, and sizes or record counts that differ;
   * records without one image/class/label, and with --num_classes labels
-    outside [--label_offset, --label_offset + --num_classes).
+    outside [--label_offset, --label_offset + --num_classes);
+  * without a manifest: zero-byte files. A file cut exactly at a record
+    boundary reads as whole, so it cannot be detected without one; a split
+    whose files' record counts differ more than an even sharding allows
+    (data/build_tfrecords.py: by at most 1; imagenet_to_gcs.py: the last
+    file may hold fewer) is reported as suspect.
 It logs the records of each split and exits 1 on any fault. --write_manifest
 writes manifest.json from what was read, for data that has none (e.g. the
-output of tensorflow/tpu imagenet_to_gcs.py); only when nothing is damaged.
+output of tensorflow/tpu imagenet_to_gcs.py); only when no file is faulty or
+suspect (--allow_uneven_shards accepts uneven splits made on purpose).
 """
 import concurrent.futures
 import dataclasses
@@ -55,6 +61,8 @@ class FileReport:
 class Report:
   files: dict[str, list[FileReport]]  # split -> files
   faults: list[str]
+  suspects: list[str] = dataclasses.field(default_factory=list)
+  unlisted: list[str] = dataclasses.field(default_factory=list)  # splits
 
   def records(self, split: str) -> int:
     return sum(f.records for f in self.files[split])
@@ -139,13 +147,28 @@ def _file_faults(report: FileReport, labels: range | None) -> list[str]:
   return faults
 
 
+def _uneven(split: str, reports: list[FileReport]) -> list[str]:
+  """Files whose record counts an even sharding cannot explain: all but
+  the last within 1 of each other, the last no larger."""
+  counts = [r.records for r in reports]
+  if len(counts) < 2:
+    return []
+  most = max(counts[:-1])
+  short = [r for r in reports[:-1] if r.records < most - 1]
+  if counts[-1] > most:
+    short = [r for r in reports[:-1] if r.records < counts[-1]]
+  return [f"{r.path}: {r.records:,} records, while other {split} files hold "
+          f"up to {max(counts):,}: more than an even sharding allows, so it "
+          "may have been cut at a record boundary" for r in short]
+
+
 def verify(data_dir: str, num_classes: int = 0, label_offset: int = 1,
            num_threads: int = 16) -> Report:
   """Reads every shard of `data_dir`; ValueError if it holds none."""
   labels = (range(label_offset, label_offset + num_classes)
             if num_classes else None)
   listed = manifest.read(data_dir)
-  files, faults = {}, []
+  files, faults, suspects, unlisted = {}, [], [], []
   for split in input_pipeline.SPLITS:
     paths = sorted(tf.io.gfile.glob(os.path.join(data_dir, f"{split}-*-of-*")))
     if not paths and split not in (listed or {}):
@@ -153,13 +176,17 @@ def verify(data_dir: str, num_classes: int = 0, label_offset: int = 1,
     files[split] = _read_all(split, paths, labels, num_threads)
     for report in files[split]:
       faults += _file_faults(report, labels)
-    if listed is not None:
-      faults += _manifest_faults(data_dir, split, files[split],
-                                 listed.get(split, {}))
+    if listed is not None and split in listed:
+      faults += _manifest_faults(data_dir, split, files[split], listed[split])
+    else:
+      unlisted.append(split)
+      faults += [f"{r.path}: an empty file (0 bytes)" for r in files[split]
+                 if not r.bytes]
+      suspects += _uneven(split, files[split])
   if not any(files.values()):
     raise ValueError(f"--data_dir={data_dir!r} holds no train-*-of-* or "
                      "validation-*-of-* TFRecord files")
-  return Report(files, faults)
+  return Report(files, faults, suspects, unlisted)
 
 
 def write_manifest(data_dir: str, report: Report) -> str:
@@ -181,7 +208,10 @@ def define_flags() -> None:
                        "(imagenet_to_gcs: 1).")
   flags.DEFINE_integer("num_threads", 16, "Files read at once.")
   flags.DEFINE_bool("write_manifest", False, "Write manifest.json from the "
-                    "records read, when no file is damaged.")
+                    "records read, when no file is faulty or suspect.")
+  flags.DEFINE_bool("allow_uneven_shards", False, "Accept splits whose "
+                    "files' record counts differ more than an even sharding "
+                    "allows (uneven on purpose).")
   flags.mark_flag_as_required("data_dir")
 
 
@@ -198,9 +228,23 @@ def main(argv: list[str]) -> None:
                  f"{report.records(split):,}")
   for fault in report.faults:
     logging.error("%s", fault)
+  suspects = [] if FLAGS.allow_uneven_shards else report.suspects
+  for suspect in suspects:
+    logging.warning("suspect: %s", suspect)
+  for split in report.unlisted:
+    logging.warning(
+        "%s has no manifest.json entry: a file cut exactly at a record "
+        "boundary reads as whole and cannot be detected without one; only "
+        "empty files and uneven record counts were checked.", split)
   if report.faults:
     raise SystemExit(f"{len(report.faults)} faults in {FLAGS.data_dir}" + (
         "; manifest.json not written" if FLAGS.write_manifest else ""))
+  if suspects and FLAGS.write_manifest:
+    raise SystemExit(
+        f"{len(suspects)} suspect files in {FLAGS.data_dir}; manifest.json "
+        "not written (it would record them as whole). Restore them from the "
+        "source, or pass --allow_uneven_shards if the split is uneven on "
+        "purpose.")
   if FLAGS.write_manifest:
     logging.info("wrote %s", write_manifest(FLAGS.data_dir, report))
   logging.info("no damaged records in %s", FLAGS.data_dir)

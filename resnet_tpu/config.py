@@ -82,6 +82,7 @@ class TrainConfig:
   steps_per_loop: int = 100
   eval_every_steps: int = 0
   checkpoint_every_steps: int = 0
+  checkpoint_every_minutes: float = 10.0
   keep_checkpoints: int = 5
   batch_size_schedule: str = ""
   # Optimisation.
@@ -205,6 +206,7 @@ RANGES: dict[str, Range] = {
     "steps_per_loop": _AT_LEAST_1,
     "eval_every_steps": _NON_NEGATIVE,
     "checkpoint_every_steps": _NON_NEGATIVE,
+    "checkpoint_every_minutes": _NON_NEGATIVE,
     "keep_checkpoints": _AT_LEAST_1,
     "base_learning_rate": _POSITIVE,
     "warmup_epochs": _NON_NEGATIVE,

@@ -78,6 +78,9 @@ HELP = {
     "steps_per_loop": "Training steps per host call (TPU host loop).",
     "eval_every_steps": "Evaluate every N steps; 0 = only at the end.",
     "checkpoint_every_steps": "Checkpoint every N steps; 0 = at each eval.",
+    "checkpoint_every_minutes": "Also checkpoint once this many minutes "
+                                "have passed since the last save, after the "
+                                "host loop in flight; 0 = off.",
     "keep_checkpoints": "Checkpoints kept in --model_dir.",
     "batch_size_schedule": "Batch-size control (Mikami et al.): "
                            "'start_epoch:global_batch,...', each batch a "

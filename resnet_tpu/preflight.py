@@ -19,6 +19,9 @@ here the data and the model_dir are opened:
 * `num_train_images`: the epoch length, from the data unless set.
 * `schedule_warnings`: warm-up, decays and batch-size switches that lie
   beyond the end of the run (the LR schedule counts in epochs).
+
+Every read here goes through tf.io.gfile alone: MultiWorkerMirroredStrategy
+can configure its collectives only before TensorFlow's runtime starts.
 """
 import json
 import os
@@ -31,6 +34,7 @@ from google.protobuf import message
 from resnet_tpu.inputs import data_checks
 from resnet_tpu.inputs import input_pipeline
 from resnet_tpu.inputs import manifest
+from resnet_tpu.inputs import shard_audit
 from resnet_tpu.optim import schedules
 from resnet_tpu.config import CONFIG_FILE
 from resnet_tpu.config import ConfigError
@@ -46,16 +50,18 @@ MAX_LISTED = 5
 
 
 def _first_record(files: list[str]) -> tuple[bytes, str] | None:
-  """The first record of the first non-empty file, and that file."""
+  """The first record of the first non-empty file, and that file (read
+  without starting TensorFlow's runtime: shard_audit.first_record)."""
   for path in files:
     try:
-      for record in tf.data.TFRecordDataset(path).take(1):
-        return record.numpy(), path
+      record = shard_audit.first_record(path)
     except tf.errors.DataLossError as e:
       raise ConfigError(
-          f"{path} (in --data_dir) is not a TFRecord file: "
-          f"{e.message.split(' [Op:')[0]}. Expected the imagenet_to_gcs "
-          "format written by data/build_tfrecords.py.") from e
+          f"{path} (in --data_dir) is not a TFRecord file: {e.message}. "
+          "Expected the imagenet_to_gcs format written by "
+          "data/build_tfrecords.py.") from e
+    if record is not None:
+      return record, path
   return None
 
 
@@ -176,7 +182,8 @@ def check_manifest(cfg: TrainConfig) -> None:
 def num_train_images(cfg: TrainConfig) -> int:
   """Images per epoch: --num_train_images, else the train records of
   manifest.json, else ImageNet's count for its 1024-file layout, else a
-  count of the records (a read of every train file, without parsing).
+  count of the records (their framing read in every train file:
+  shard_audit.count_records).
   Synthetic data stands in for ImageNet."""
   if cfg.num_train_images:
     return cfg.num_train_images
@@ -195,7 +202,7 @@ def num_train_images(cfg: TrainConfig) -> int:
                  "manifest.json to count them)", f"{IMAGENET_TRAIN_IMAGES:,}")
     return IMAGENET_TRAIN_IMAGES
   start = time.monotonic()
-  count = input_pipeline.count_examples(cfg.data_dir, "train")
+  count = sum(map(shard_audit.count_records, files))
   logging.info("Counted %s training records in %d files in %.1f s (a "
                "manifest.json saves this: `%s --write_manifest`)",
                f"{count:,}", len(files), time.monotonic() - start,

@@ -120,13 +120,14 @@ def train(cfg: TrainConfig, trainer: Trainer) -> dict:
   inputs = input_config(cfg)
   num_eval = num_eval_examples(cfg)
   logging.info("Validation split: %d examples", num_eval)
-  lost = shard_audit.LostRecords(cfg.on_corrupt_shard)
+  files = input_pipeline.split_files(cfg.data_dir, "train")
+  faults = shard_audit.DataFaults(
+      files, shard_audit.expected_records(cfg.data_dir, files),
+      cfg.on_corrupt_shard)
   return trainer.fit(
-      input_pipeline.train_dataset_fn(inputs, cfg.global_batch_size,
-                                      lost_records=lost),
+      input_pipeline.train_dataset_fn(inputs, cfg.global_batch_size),
       input_pipeline.eval_dataset_fn(inputs, cfg.eval_batch_size, num_eval),
       input_pipeline.eval_steps(num_eval, cfg.eval_batch_size),
       resume_dataset_fn=lambda start: input_pipeline.train_dataset_fn(
-          inputs, cfg.global_batch_size, start_step=start,
-          lost_records=lost),
-      lost_records=lost)
+          inputs, cfg.global_batch_size, start_step=start),
+      faults=faults)

@@ -188,7 +188,7 @@ def _broken_jpegs() -> dict[str, bytes]:
           "text": b"<html>404 Not Found</html>"}
 
 
-def test_undecodable_images_are_counted_and_skipped_not_a_crash(
+def test_unusable_examples_are_counted_and_skipped_not_a_crash(
     tmp_path, monkeypatch, caplog):
   monkeypatch.setattr(run_lib, "create_strategy",
                       lambda *args, **kwargs: Distribution(cpu_strategy(2)))
@@ -203,12 +203,13 @@ def test_undecodable_images_are_counted_and_skipped_not_a_crash(
               model_fn=tiny_resnet)
   train = [r for r in read_metrics(tmp_path / "model")
            if r["split"] == "train"]
-  assert sum(r["undecodable_images"] for r in train) == len(bad)
+  assert sum(r["unusable_examples"] for r in train) == len(bad)
   assert sum(r["examples"] for r in train) == len(good)
-  assert "4 undecodable image(s)" in caplog.text
+  for name in ("train-00000-of-00002", "train-00001-of-00002"):
+    assert f"{name}: 2 unusable record(s)" in caplog.text
 
 
-def test_jpeg_that_passes_the_byte_check_but_fails_to_decode_is_dropped(
+def test_jpeg_that_passes_the_byte_check_but_fails_to_decode_weighs_0(
     tmp_path):
   good = _jpeg(2)
   header_damaged = good[:20] + bytes(100) + good[120:]
@@ -220,5 +221,55 @@ def test_jpeg_that_passes_the_byte_check_but_fails_to_decode_is_dropped(
                                    shuffle_buffer_size=1)
   dataset = input_pipeline.train_dataset_fn(cfg, 1)(
       tf.distribute.InputContext())
-  labels = [int(label[0]) for _, label in dataset.take(4)]
-  assert labels == [0, 2, 0, 2]  # the damaged record (label 1) is dropped
+  labels = [int(label[0]) for _, label in dataset.take(6)]
+  # The damaged record (label 1) takes its place with label -1 (weight 0).
+  assert labels == [0, -1, 2, 0, -1, 2]
+
+
+def _unparseable_records() -> dict[str, bytes]:
+  two_labels = tf.train.Example.FromString(
+      imagenet_to_gcs_record(1, _jpeg()))
+  two_labels.features.feature["image/class/label"].int64_list.value.append(2)
+  no_label = tf.train.Example.FromString(imagenet_to_gcs_record(1, _jpeg()))
+  del no_label.features.feature["image/class/label"]
+  return {"no label": no_label.SerializeToString(),
+          "two labels": two_labels.SerializeToString(),
+          "not an Example": b"<html>404 Not Found</html>",
+          "a broken Example": b"\n\x05abc" + _jpeg()}
+
+
+@pytest.mark.parametrize("kind", list(_unparseable_records()))
+def test_an_unparseable_record_is_one_weight_0_example_its_batch_intact(
+    tmp_path, kind):
+  """8 records, the 6th unparseable, batches of 4: the other 7 all train."""
+  records = [imagenet_to_gcs_record(1 + i, _jpeg(i)) for i in range(8)]
+  records[5] = _unparseable_records()[kind]
+  _write(tmp_path / "train-00000-of-00001", records)
+  cfg = input_pipeline.InputConfig(data_dir=str(tmp_path), image_size=32,
+                                   num_classes=CLASSES, seed=0,
+                                   shuffle_buffer_size=1)
+  dataset = input_pipeline.train_dataset_fn(cfg, 4)(
+      tf.distribute.InputContext())
+  labels = [int(label) for _, batch in dataset.take(2) for label in batch]
+  # Known files name themselves (-2: file 0); a broken Example cannot.
+  bad = -1 if kind == "a broken Example" else -2
+  assert labels == [0, 1, 2, 3, 4, bad, 6, 7]
+
+
+def test_an_unparseable_record_in_a_run_is_counted_in_metrics_naming_it(
+    tmp_path, monkeypatch, caplog):
+  monkeypatch.setattr(run_lib, "create_strategy",
+                      lambda *args, **kwargs: Distribution(cpu_strategy(2)))
+  write_random_split(tmp_path, "validation", 8, 1)
+  records = [imagenet_to_gcs_record(1 + i, _jpeg(i)) for i in range(8)]
+  records[5] = _unparseable_records()["no label"]
+  path = tmp_path / "train-00000-of-00001"
+  _write(path, records)
+  with caplog.at_level(logging.WARNING):
+    run_lib.run(_config(tmp_path, tmp_path, train_steps=1, steps_per_loop=1,
+                        num_train_images=8, shuffle_buffer_size=8),
+                model_fn=tiny_resnet)
+  train = [r for r in read_metrics(tmp_path / "model")
+           if r["split"] == "train"]
+  assert [(r["unusable_examples"], r["examples"]) for r in train] == [(1, 7)]
+  assert f"{path}: 1 unusable record(s) in the steps up to 1" in caplog.text

@@ -41,18 +41,18 @@ def test_skip_nonfinite_steps_logs_them_and_goes_on(caplog):
 
 def test_record_names_every_count_and_the_log_line_the_eta(caplog):
   caplog.set_level(logging.INFO)
-  result = _result(undecodable_images=3, nonfinite_steps=1,
+  result = _result(unusable_examples=3, lost_records=7, nonfinite_steps=1,
                    first_nonfinite=0)
   record = loop_report.train_record(
       result, step=20, total=100, images_per_sec=50.0, elapsed_s=40.0,
-      eta_s=loop_report.eta_seconds(40.0, 20, 80), learning_rate=0.1,
-      lost_records=7)
+      eta_s=loop_report.eta_seconds(40.0, 20, 80), learning_rate=0.1)
   assert record == {
       "step": 20, "split": "train", "loss": 1.5, "top1": 0.25, "top5": 0.5,
       "examples": 64, "images_per_sec": 50.0, "elapsed_s": 40.0,
-      "learning_rate": 0.1, "undecodable_images": 3, "skipped_steps": 1,
+      "learning_rate": 0.1, "unusable_examples": 3, "skipped_steps": 1,
       "lost_records": 7}
-  assert "Skipped 3 undecodable image(s) in the steps up to 20" in caplog.text
+  assert ("without 3 unusable example(s) and 7 record(s) lost to damaged "
+          "files in the steps up to 20") in caplog.text
   assert "step 20/100: loss 1.5000 top-1 0.2500 lr 0.1 50.0 images/s ETA " \
       "0:02:40" in caplog.text
 

@@ -21,6 +21,8 @@ import tensorflow as tf
 from tensorflow.python.checkpoint import checkpoint_management
 
 from conftest import cpu_strategy
+from resnet_tpu.train import cadence
+from resnet_tpu.train import checkpointing
 from resnet_tpu.train import loop_report
 from resnet_tpu.train import preemption
 from resnet_tpu.train import trainer as trainer_lib
@@ -193,8 +195,9 @@ def test_damaged_latest_checkpoint_falls_back_to_the_intact_one_exactly(
   resumed = _trainer(_config(model_dir), cpu_strategy(2))
   with caplog.at_level("WARNING"):
     assert resumed.restore() == 3
-  assert "ckpt-4 cannot be read" in caplog.text
-  assert "ckpt-4.data-00000-of-00001" in os.listdir(model_dir / "damaged")
+  assert "ckpt-4 is damaged" in caplog.text
+  assert "ckpt-4.data-00000-of-00001" in os.listdir(
+      model_dir / "damaged" / "ckpt-4")
   assert tf.train.latest_checkpoint(model_dir).endswith("ckpt-3")
   resumed.fit(_dataset_fn(images, labels))  # redoes step 4 from ckpt-3
   assert resumed.step == 4
@@ -214,8 +217,81 @@ def test_when_every_checkpoint_is_damaged_restore_names_them_and_the_choices(
   os.remove(tmp_path / "ckpt-2.data-00000-of-00001")  # a missing shard
   with pytest.raises(ConfigError,
                      match=r"every checkpoint is damaged .*ckpt-2.*ckpt-1.*"
-                     r"new --model_dir.*remove the damaged"):
+                     r"new --model_dir.*move those") as error:
     _trainer(_config(tmp_path, train_steps=2), cpu_strategy(1)).restore()
+  assert not re.search(r"\b(delete|remove)", str(error.value))
+
+
+def test_a_second_set_aside_of_the_same_checkpoint_keeps_the_first(
+    tmp_path):
+  images, labels = _batches(2)
+  for attempt in (1, 2):
+    trainer = _trainer(_config(tmp_path, train_steps=2), cpu_strategy(1))
+    trainer.fit(_dataset_fn(images, labels))  # (re)writes ckpt-2
+    _truncate(tmp_path / "ckpt-2.data-00000-of-00001", keep=0.3 * attempt)
+    assert _trainer(_config(tmp_path, train_steps=2),
+                    cpu_strategy(1)).restore() == 1
+  first, second = (tmp_path / "damaged" / "ckpt-2",
+                   tmp_path / "damaged" / "ckpt-2.2")
+  data = "ckpt-2.data-00000-of-00001"
+  assert (first / data).stat().st_size < (second / data).stat().st_size
+
+
+def _fails_first(monkeypatch, times: int, error: Exception) -> list[str]:
+  """tf.train.Checkpoint.restore raises `error` on its first `times`
+  calls; returns the paths it was called with."""
+  restore = tf.train.Checkpoint.restore
+  calls = []
+
+  def flaky(self, save_path, *args, **kwargs):
+    calls.append(save_path)
+    if len(calls) <= times:
+      raise error
+    return restore(self, save_path, *args, **kwargs)
+
+  monkeypatch.setattr(tf.train.Checkpoint, "restore", flaky)
+  return calls
+
+
+def _files(model_dir) -> list[str]:
+  return sorted(str(p.relative_to(model_dir))
+                for p in model_dir.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("keep", [1, 3])
+def test_a_transient_error_on_restore_is_retried_and_moves_nothing(
+    tmp_path, monkeypatch, keep):
+  images, labels = _batches(3)
+  _trainer(_config(tmp_path, train_steps=3, keep_checkpoints=keep),
+           cpu_strategy(1)).fit(_dataset_fn(images, labels))
+  before = _files(tmp_path)
+  calls = _fails_first(monkeypatch, 1, tf.errors.UnavailableError(
+      None, None, "503 Service Unavailable"))
+  trainer = _trainer(_config(tmp_path, train_steps=3, keep_checkpoints=keep),
+                     cpu_strategy(1))
+  trainer.checkpoints.retry_delays_s = (0.0,)
+  assert trainer.restore() == 3
+  assert [os.path.basename(c) for c in calls] == ["ckpt-3", "ckpt-3"]
+  assert _files(tmp_path) == before  # nothing moved, no damaged/
+  assert tf.train.latest_checkpoint(tmp_path).endswith("ckpt-3")
+
+
+def test_a_persistent_transient_error_stops_naming_it_and_moves_nothing(
+    tmp_path, monkeypatch):
+  images, labels = _batches(3)
+  _trainer(_config(tmp_path, train_steps=3, keep_checkpoints=3),
+           cpu_strategy(1)).fit(_dataset_fn(images, labels))
+  before = _files(tmp_path)
+  _fails_first(monkeypatch, 100, tf.errors.DeadlineExceededError(
+      None, None, "deadline exceeded reading gs://b/ckpt-3.index"))
+  trainer = _trainer(_config(tmp_path, train_steps=3), cpu_strategy(1))
+  trainer.checkpoints.retry_delays_s = (0.0, 0.0)
+  with pytest.raises(checkpointing.CheckpointUnavailable,
+                     match=r"ckpt-3: DeadlineExceededError: deadline "
+                     r"exceeded .*tried 3 times.*nothing was moved") as error:
+    trainer.restore()
+  assert not re.search(r"\b(delete|remove)", str(error.value))
+  assert _files(tmp_path) == before
 
 
 def test_keep_checkpoints_bounds_the_checkpoints_on_disk(tmp_path):
@@ -268,3 +344,44 @@ def test_skip_nonfinite_steps_trains_as_if_the_bad_batch_was_never_there(
     np.testing.assert_array_equal(got, want)  # BN moving stats included
   assert [r["skipped_steps"] for r in read_metrics(tmp_path / "skip")] == [
       1, 0]
+
+
+# --- hard kill: the wall-clock cadence ---------------------------------------
+
+class _FakeClock:
+  """A monotonic clock that moves `minutes` each time it is read."""
+
+  def __init__(self, minutes: float):
+    self.seconds = 0.0
+    self.step_s = minutes * 60
+
+  def __call__(self) -> float:
+    self.seconds += self.step_s
+    return self.seconds
+
+
+def test_default_flags_checkpoint_within_ten_minutes_without_an_eval(
+    tmp_path):
+  """A hard kill (no SIGTERM) then loses minutes, not the run."""
+  images, labels = _batches(6)
+  cfg = _config(tmp_path, train_steps=6, checkpoint_every_steps=0)
+  assert (cfg.checkpoint_every_minutes, cfg.eval_every_steps) == (10.0, 0)
+  trainer = _trainer(cfg, cpu_strategy(1))
+  # Each host loop reads the clock once: 4 minutes a loop; the timer
+  # restarts (one more read) at the start and after each save.
+  trainer.save_timer = cadence.SaveTimer(cfg.checkpoint_every_minutes,
+                                         now=_FakeClock(4))
+  trainer.fit(_dataset_fn(images, labels))
+  assert sorted(f for f in os.listdir(tmp_path) if f.endswith(".index")) == [
+      "ckpt-3.index", "ckpt-6.index"]
+
+
+def test_checkpoint_every_minutes_0_saves_only_on_the_step_cadence(tmp_path):
+  images, labels = _batches(6)
+  cfg = _config(tmp_path, train_steps=6, checkpoint_every_steps=0,
+                checkpoint_every_minutes=0.0)
+  trainer = _trainer(cfg, cpu_strategy(1))
+  trainer.save_timer = cadence.SaveTimer(0.0, now=_FakeClock(4))
+  trainer.fit(_dataset_fn(images, labels))
+  assert [f for f in os.listdir(tmp_path) if f.endswith(".index")] == [
+      "ckpt-6.index"]

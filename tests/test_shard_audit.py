@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from conftest import cpu_strategy
 import damaged_shards
+from resnet_tpu.inputs import data_checks
 from resnet_tpu.inputs import input_pipeline
 from resnet_tpu import preflight
 from resnet_tpu import run as run_lib
@@ -23,18 +24,19 @@ PER_FILE = 6
 
 
 def _config(data_dir, **overrides) -> input_pipeline.InputConfig:
-  return input_pipeline.InputConfig(data_dir=str(data_dir), image_size=8,
-                                    shuffle_buffer_size=64, **overrides)
+  return input_pipeline.InputConfig(
+      data_dir=str(data_dir), image_size=8,
+      **dict(dict(shuffle_buffer_size=64), **overrides))
 
 
-def _read_one_pass(data_dir, lost: shard_audit.LostRecords | None,
-                   **overrides) -> list[int]:
-  """Labels of the first 8 training examples (the shuffle buffer reads
-  every file of the first pass to its end first)."""
+def _read_one_pass(data_dir, num=8, **overrides) -> list[int]:
+  """Labels of the first `num` training examples (the shuffle buffer reads
+  every file of the first pass to its end first); negative: weight 0."""
   dataset = input_pipeline.train_dataset_fn(
-      _config(data_dir, **overrides), global_batch_size=2,
-      lost_records=lost)(tf.distribute.InputContext())
-  return [int(label) for _, labels in dataset.take(4) for label in labels]
+      _config(data_dir, **overrides), global_batch_size=2)(
+          tf.distribute.InputContext())
+  return [int(label) for _, labels in dataset.take(num // 2)
+          for label in labels]
 
 
 @pytest.fixture(params=["truncated", "corrupt"])
@@ -48,60 +50,85 @@ def damaged(request, tmp_path):
   return tmp_path, path, damage(path, records, 2), PER_FILE - 2
 
 
+LOST_IN_FILE_1 = data_checks.fault_label(shard_audit.source_of(1, lost=True))
+
+
+def test_each_lost_record_is_a_weight_0_example_naming_its_file(damaged):
+  data_dir, _, _, lost_count = damaged
+  labels = _read_one_pass(data_dir, num=2 * PER_FILE, shuffle_buffer_size=1,
+                          seed=0, deterministic=True)
+  assert labels.count(LOST_IN_FILE_1) == lost_count
+  assert sorted(l for l in labels if l >= 0) == sorted(
+      [r % 3 for r in range(PER_FILE)] + [r % 3 for r in range(PER_FILE,
+                                                               PER_FILE + 2)])
+
+
 def test_damaged_training_file_is_named_and_its_lost_records_counted(
     damaged, caplog):
   data_dir, path, offset, lost_count = damaged
-  lost = shard_audit.LostRecords()
-  with caplog.at_level(logging.WARNING):
-    _read_one_pass(data_dir, lost)
-  warnings = [r.getMessage() for r in caplog.records
-              if r.levelno == logging.WARNING and path in r.getMessage()]
-  assert warnings, caplog.text
-  assert (f"{path}: read 2 of its {PER_FILE} records (manifest.json), "
-          f"{lost_count} lost in each pass, stopping at a ") in warnings[0]
-  assert f"at byte {offset:,}" in warnings[0]
-  # A warning per pass read; reading ahead may have begun another.
-  assert lost_count <= lost.take() <= lost_count * len(warnings)
-
-
-def test_file_audit_counts_each_lost_record_once_per_pass(damaged):
-  data_dir, path, _, lost_count = damaged
-  lost = shard_audit.LostRecords()
   files = input_pipeline.split_files(str(data_dir), "train")
-  audit = shard_audit.FileAudit.of(str(data_dir), files, lost)
-  read = audit.reader(1 << 20, counted=True)
-  for name, expected in audit.names(files):
-    assert len(list(read(name, expected))) == (
-        2 if name.numpy().decode() == path else PER_FILE)
-  assert lost.take() == lost_count
+  faults = shard_audit.DataFaults(
+      files, shard_audit.expected_records(str(data_dir), files))
+  labels = _read_one_pass(data_dir, num=2 * PER_FILE)
+  _, lost, by_source = data_checks.fault_counts(tf.constant(labels),
+                                                faults.num_sources)
+  assert int(lost) == lost_count
+  with caplog.at_level(logging.WARNING):
+    faults.report([int(n) for n in by_source], step=6)
+  assert (f"{path}: read 2 of its {PER_FILE} records (manifest.json), "
+          f"{lost_count} lost in each pass, stopping at a ") in caplog.text
+  assert f"at byte {offset:,}" in caplog.text
+  assert f"{lost_count} record(s) lost in the steps up to 6" in caplog.text
 
 
 def test_on_corrupt_shard_fail_raises_naming_the_file(damaged):
-  data_dir, path, _, _ = damaged
-  lost = shard_audit.LostRecords("fail")
-  _read_one_pass(data_dir, lost)
+  data_dir, path, _, lost_count = damaged
+  files = input_pipeline.split_files(str(data_dir), "train")
+  faults = shard_audit.DataFaults(
+      files, shard_audit.expected_records(str(data_dir), files), "fail")
+  faults.report([1, 0, 0, 0], step=2)  # an unusable record: no stop
   with pytest.raises(shard_audit.CorruptShardError, match=path):
-    lost.take()
+    faults.report([0, 0, 0, lost_count], step=4)
+
+
+def test_first_record_is_read_from_the_framing_and_damage_is_named(
+    tmp_path):
+  (path, records), (other, others) = damaged_shards.write_shards(
+      tmp_path).items()
+  assert shard_audit.first_record(path) == records[0]
+  damaged_shards.flip_bytes_in_record(other, others, 0)
+  with pytest.raises(tf.errors.DataLossError,
+                     match=r"a corrupt record at byte 0 \(data CRC mismatch"):
+    shard_audit.first_record(other)
+  (tmp_path / "empty").write_bytes(b"")
+  assert shard_audit.first_record(str(tmp_path / "empty")) is None
+
+
+def test_count_records_counts_the_records_before_a_cut(tmp_path):
+  (path, records), (cut, others) = damaged_shards.write_shards(
+      tmp_path).items()
+  damaged_shards.truncate_in_record(cut, others, 2)
+  assert shard_audit.count_records(path) == PER_FILE
+  assert shard_audit.count_records(cut) == 2 == shard_audit.readable_prefix(
+      cut)[0]
 
 
 def test_counting_leaves_the_records_and_their_order_alone(tmp_path):
-  damaged_shards.write_manifest(tmp_path, "train",
-                                damaged_shards.write_shards(tmp_path))
+  shards = damaged_shards.write_shards(tmp_path)
   same = dict(seed=3, deterministic=True)
-  lost = shard_audit.LostRecords()
-  assert _read_one_pass(tmp_path, lost, **same) == _read_one_pass(
-      tmp_path, None, **same)
-  assert lost.take() == 0
+  unlisted = _read_one_pass(tmp_path, **same)
+  damaged_shards.write_manifest(tmp_path, "train", shards)
+  assert _read_one_pass(tmp_path, **same) == unlisted
+  assert min(unlisted) >= 0
 
 
 def test_without_a_manifest_files_are_read_as_they_are_uncounted(tmp_path):
   shards = damaged_shards.write_shards(tmp_path)
   path, records = list(shards.items())[0]
   damaged_shards.truncate_in_record(path, records, 3)
-  lost = shard_audit.LostRecords()
-  assert shard_audit.FileAudit.of(str(tmp_path), list(shards), lost) is None
-  assert len(_read_one_pass(tmp_path, lost)) == 8
-  assert lost.take() == 0
+  assert shard_audit.expected_records(str(tmp_path), list(shards)) is None
+  labels = _read_one_pass(tmp_path, num=2 * PER_FILE - 3)
+  assert min(labels) >= 0
 
 
 def _train_config(data_dir) -> TrainConfig:
@@ -181,8 +208,10 @@ def test_a_run_counts_lost_records_in_metrics_and_trains_on(tmp_path,
   run_lib.run(cfg, model_fn=tiny_resnet)
   train = [r for r in read_metrics(cfg.model_dir) if r["split"] == "train"]
   assert [r["step"] for r in train] == [2, 4]  # trained on to the end
-  # 4 of the damaged file's 6 records are lost in every pass read.
+  # 4 of the damaged file's 6 records are lost in every pass read:
+  # 16 records read, 2 passes over 12 records in the files.
   assert sum(r["lost_records"] for r in train) >= 4
+  assert sum(r["examples"] + r["lost_records"] for r in train) == 16
 
 
 def test_on_corrupt_shard_fail_stops_the_run_naming_the_file(tmp_path,

@@ -1,36 +1,42 @@
 """Guards of the input pipeline against bad records (README "Reliability").
 
-ImageNet-scale data has a few broken files: truncated downloads, PNGs or text
-saved as .JPEG, bit rot. One of them must not crash a pod-scale run hours in,
-nor may it vanish silently. Each training record therefore passes through:
+ImageNet-scale data has a few broken records: truncated downloads, PNGs or
+text saved as .JPEG, bit rot, a record without its label. One of them must
+not crash a pod-scale run hours in, nor may it vanish silently, nor take good
+records down with it. Every training record is therefore used, or counted
+one by one as unusable, before batching:
 
-1. `looks_like_jpeg`: a cheap byte test (JPEG start-of-image marker at the
-   start, end-of-image marker near the end) decides whether to decode at all;
-   a record that fails it becomes a zero image labelled UNDECODABLE_LABEL.
-   It stays in its batch, so batches keep their records and a resumed run
-   still reads exactly the batches an uninterrupted one would. The trainer
-   gives such examples weight 0 and counts them (metrics.jsonl
-   `undecodable_images`, a warning in the log).
-2. `Dataset.ignore_errors(log_warning=True)` after batching: a record that
-   passes the byte test and still fails to parse or decode drops its batch
-   with a logged warning (rare; later batches of that pipeline shift by one).
-   Guarding whole batches keeps the map fused with the batch, as §3.2 wants.
-3. `checked_label`: a label outside [0, num_classes) after subtracting
-   label_offset stops training with an error naming both flags, instead of
-   training silently on an all-zero one-hot target.
-
-The guards take (images, labels, decodable) batches or single examples.
+1. `parse` reads a tf.train.Example natively without raising: a record that
+   does not start like one, has no image or no label, or two of either, is
+   unusable. `looks_like_jpeg`, a cheap byte test (JPEG start-of-image marker
+   at the start, end-of-image marker near the end), decides whether to
+   decode at all.
+2. An unusable record becomes a zero image whose label, `fault_label(source)`,
+   names its file (shard_audit.py: records lost to a damaged file arrive the
+   same way). It stays in its batch, so batches keep their records and a
+   resumed run still reads exactly the batches an uninterrupted one would.
+3. `fill_gaps`: the rare record that passes both tests and still fails to
+   parse or decode raises in the per-record map; `ignore_errors` drops it
+   there, and a scan over the record index puts a zero image labelled
+   UNUSABLE_LABEL (file unknown) in its place. No guard sits after batching.
+4. The training step gives every negative label weight 0 and counts it per
+   source in its summed StepSums (`fault_counts`), so metrics.jsonl's
+   `unusable_examples` and `lost_records` cover every worker, and a warning
+   names each file (shard_audit.DataFaults).
+5. `checked_label`: a label of a usable record outside [0, num_classes)
+   after subtracting label_offset stops training with an error naming both
+   flags, instead of training silently on an all-zero one-hot target.
 
 `is_progressive_jpeg` is not a guard: progressive JPEGs train correctly, but
 the fused decode-and-crop (§3.2) saves nothing on them; the data builder and
 the pre-flight check (preflight.py) use it to say so.
 """
-from typing import Callable
-
 import tensorflow as tf
 
-# The label of an example whose image could not be decoded (weight 0).
-UNDECODABLE_LABEL = -1
+IMAGE_FEATURE = "image/encoded"
+LABEL_FEATURE = "image/class/label"
+# The label of an unusable example whose file is unknown (weight 0).
+UNUSABLE_LABEL = -1
 _START_OF_IMAGE = b"\xff\xd8\xff"
 # Bytes at the end searched for the end-of-image marker FFD9; some encoders
 # append a short trailer after it.
@@ -90,35 +96,92 @@ def checked_label(label: tf.Tensor, num_classes: int,
     return tf.identity(label)
 
 
-def guard_train(dataset: tf.data.Dataset, num_classes: int,
-                label_offset: int) -> tf.data.Dataset:
-  """(image, label, decodable) -> (image, label or UNDECODABLE_LABEL).
+def fault_label(source: tf.Tensor) -> tf.Tensor:
+  """The label of an unusable example of `source` (shard_audit.py): < -1."""
+  return -2 - source
 
-  Drops elements (examples or batches) whose parse or decode raised, with a
-  logged warning, and, when num_classes > 0, checks every label.
-  """
-  def mark(image, label, decodable):
+
+def parse(record: tf.Tensor, label_offset: int
+          ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+  """(image bytes, label - label_offset, parsed) of a serialized
+  tf.train.Example; parsed is False, and nothing raises, for a record
+  without exactly one image and one label or that does not start like an
+  Example (its first field, tag 0x0A); a malformed one that does can still
+  raise (`fill_gaps` catches it)."""
+  def parse_example():
+    features = tf.io.parse_single_example(record, {
+        IMAGE_FEATURE: tf.io.RaggedFeature(tf.string),
+        LABEL_FEATURE: tf.io.RaggedFeature(tf.int64)})
+    images, labels = features[IMAGE_FEATURE], features[LABEL_FEATURE]
+    ok = (tf.size(images) == 1) & (tf.size(labels) == 1)
+    label = tf.concat([labels, [label_offset]], 0)[0] - label_offset
+    return tf.concat([images, [""]], 0)[0], tf.cast(label, tf.int32), ok
+
+  like_example = ((tf.strings.length(record) == 0) |
+                  (tf.strings.substr(record, 0, 1) == "\n"))
+  return tf.cond(like_example, parse_example,
+                 lambda: (tf.constant(""), tf.constant(0), tf.constant(False)))
+
+
+def fill_gaps(dataset: tf.data.Dataset, first_index: int) -> tf.data.Dataset:
+  """(index, image, label, fault) in index order from `first_index`: the
+  elements whose map raised are dropped, and replaced by a zero image with
+  fault UNUSABLE_LABEL (module docstring, 3)."""
+  def fill(next_index, element):
+    index, image, label, fault = element
+    missing = tf.cast(index - next_index, tf.int32)
+    blanks = tf.zeros(tf.concat([[missing], tf.shape(image)], 0), image.dtype)
+    return index + 1, (
+        tf.concat([blanks, image[None]], 0),
+        tf.concat([tf.zeros([missing], tf.int32), label[None]], 0),
+        tf.concat([tf.fill([missing], UNUSABLE_LABEL), fault[None]], 0))
+
+  return dataset.ignore_errors().scan(
+      tf.constant(first_index, tf.int64), fill).unbatch()
+
+
+def mark_train(dataset: tf.data.Dataset, num_classes: int,
+               label_offset: int) -> tf.data.Dataset:
+  """Batches of (image, label, fault) -> (image, label or fault); when
+  num_classes > 0, checks the labels of usable records."""
+  def mark(images, labels, faults):
+    usable = tf.equal(faults, 0)
     if num_classes:
-      label = checked_label(label, num_classes, label_offset)
-    return image, tf.where(decodable, label, UNDECODABLE_LABEL)
+      labels = checked_label(tf.where(usable, labels, 0), num_classes,
+                             label_offset)
+    return images, tf.where(usable, labels, faults)
 
-  return _guard(dataset, mark)
+  return dataset.map(mark, num_parallel_calls=tf.data.AUTOTUNE,
+                     deterministic=True)
+
+
+def fault_counts(labels: tf.Tensor, num_sources: int
+                 ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+  """float32 (unusable, lost, per source) counts of a batch's labels; a
+  static shape, so the step compiles with XLA."""
+  source = -2 - labels
+  attributed = labels < UNUSABLE_LABEL
+  lost = attributed & tf.equal(source % 2, 1)
+  unusable = (labels < 0) & ~lost
+  by_source = tf.math.unsorted_segment_sum(
+      tf.ones_like(labels, tf.float32),
+      tf.where(attributed, source, num_sources), num_sources + 1)
+  count = lambda mask: tf.reduce_sum(tf.cast(mask, tf.float32))
+  return count(unusable), count(lost), by_source[:num_sources]
 
 
 def guard_eval(dataset: tf.data.Dataset, num_classes: int,
                label_offset: int) -> tf.data.Dataset:
-  """(image, label, decodable) -> (image, label, mask): like guard_train,
-  an undecodable image gets mask 0 (not evaluated)."""
-  def mark(image, label, decodable):
+  """(image, label, usable) examples -> (image, label, mask): an unusable
+  record gets mask 0 (not evaluated); one whose decode raised is dropped,
+  before batching."""
+  def mark(image, label, usable):
     if num_classes:
-      label = checked_label(label, num_classes, label_offset)
-    return image, label, tf.cast(decodable, tf.float32)
+      label = checked_label(tf.where(usable, label, 0), num_classes,
+                            label_offset)
+    return image, label, tf.cast(usable, tf.float32)
 
-  return _guard(dataset, mark)
-
-
-def _guard(dataset: tf.data.Dataset, mark: Callable) -> tf.data.Dataset:
   # Explicitly ordered: tf.data would otherwise parallelise this map under
-  # the pipeline's deterministic=False and let elements cross epochs.
+  # the pipeline's deterministic=False.
   return dataset.ignore_errors(log_warning=True).map(
       mark, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)

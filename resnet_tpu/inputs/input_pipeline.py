@@ -3,11 +3,15 @@
 Each host builds one pipeline per `tf.distribute.InputContext`:
 
   files -> shard by input_pipeline_id -> parallel interleave of TFRecordDataset
-  (lost records counted: shard_audit.py) -> [cache raw records] -> shuffle
-  -> repeat -> one fused map (parse, crop box, decode-and-crop, resize, flip,
-  cast to the transfer dtype) -> batch per replica ->
-  bad-record guards (data_checks.py: undecodable images labelled -1, labels
-  checked) -> prefetch
+  (a stand-in for each record lost to a damaged file: shard_audit.py) ->
+  [cache raw records] -> shuffle -> repeat -> one fused map (parse, crop
+  box, decode-and-crop, resize, flip, cast to the transfer dtype; unusable
+  records become weight-0 examples, one by one: data_checks.py) -> batch per
+  replica -> labels checked -> prefetch
+
+The fused map is ordered (deterministic=True) whatever `deterministic` says:
+the record index finds the rare record whose decode raised (data_checks.
+fill_gaps).
 
 Pipelines get whole files when there are at least as many files as pipelines;
 otherwise every pipeline reads every file in one fixed order and keeps every
@@ -42,10 +46,8 @@ SPLITS = ("train", "validation")
 DTYPES = ("uint8", "float32", "bfloat16")
 READ_BUFFER_BYTES = 8 * 1024 * 1024
 MAX_FILES_READ_AT_ONCE = 16
-FEATURES = {
-    "image/encoded": tf.io.FixedLenFeature([], tf.string),
-    "image/class/label": tf.io.FixedLenFeature([], tf.int64),
-}
+# The features of a record the pipeline reads (data_checks.parse).
+FEATURES = (data_checks.IMAGE_FEATURE, data_checks.LABEL_FEATURE)
 
 DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
 
@@ -138,19 +140,22 @@ def _options(cfg: InputConfig, deterministic: bool) -> tf.data.Options:
 def _records(files: list[str], ctx: tf.distribute.InputContext,
              cfg: InputConfig, shard_files: bool,
              max_records: int | None = None,
-             audit: shard_audit.FileAudit | None = None) -> tf.data.Dataset:
-  """This pipeline's share of the serialized records, optionally cached.
+             expected: dict[str, int] | None = None) -> tf.data.Dataset:
+  """This pipeline's share of the (source, record) pairs, optionally cached.
 
   shard_files=True gives each pipeline whole files in a shuffled order;
   otherwise all pipelines read all files in one fixed order and keep every
   k-th record of its first `max_records`, which needs a deterministic
-  interleave so that they agree; then only pipeline 0 counts lost records.
+  interleave so that they agree. `expected`: records per file
+  (manifest.json), to count the lost ones (shard_audit.py).
   """
   num_pipelines, pipeline_id = ctx.num_input_pipelines, ctx.input_pipeline_id
+  indices = list(range(len(files)))
   if shard_files:
     files = files[pipeline_id::num_pipelines]
-  names, read = shard_audit.reading(files, READ_BUFFER_BYTES, audit,
-                                    counted=shard_files or pipeline_id == 0)
+    indices = indices[pipeline_id::num_pipelines]
+  names, read = shard_audit.reading(files, indices, READ_BUFFER_BYTES,
+                                    expected)
   if shard_files:
     # Shuffled once, not every epoch, so cache() replays what reading gives.
     names = names.shuffle(len(files), seed=cfg.seed,
@@ -170,33 +175,29 @@ def _records(files: list[str], ctx: tf.distribute.InputContext,
   return records.cache() if cfg.cache_dataset else records
 
 
-def _parse(record: tf.Tensor, label_offset: int) -> tuple[tf.Tensor, tf.Tensor]:
-  features = tf.io.parse_single_example(record, FEATURES)
-  label = features["image/class/label"] - label_offset
-  return features["image/encoded"], tf.cast(label, tf.int32)
-
-
 def _train_map(cfg: InputConfig, pipeline_id: int) -> Callable:
   """The one fused map of §3.2: parse, crop, decode, resize, flip, cast."""
   dtype = tf.dtypes.as_dtype(cfg.dtype)
   pipeline_seed = (None if cfg.seed is None else
                    tf.constant([cfg.seed, pipeline_id], tf.int64))
 
-  def parse_and_preprocess(index, record):
-    image_bytes, label = _parse(record, cfg.label_offset)
+  def parse_and_preprocess(index, source_and_record):
+    source, record = source_and_record
+    image_bytes, label, parsed = data_checks.parse(record, cfg.label_offset)
     seed = (None if pipeline_seed is None else
             tf.random.experimental.stateless_fold_in(pipeline_seed, index))
-    decodable = data_checks.looks_like_jpeg(image_bytes)
-    image = tf.cond(decodable, lambda: preprocessing.preprocess_for_train(
+    usable = parsed & data_checks.looks_like_jpeg(image_bytes)
+    image = tf.cond(usable, lambda: preprocessing.preprocess_for_train(
         image_bytes, cfg.image_size, cfg.fused_decode_crop, seed, cfg.crops),
                     lambda: _blank(cfg.image_size))
-    return tf.cast(image, dtype), label, decodable
+    fault = tf.where(usable, 0, data_checks.fault_label(source))
+    return index, tf.cast(image, dtype), label, fault
 
   return parse_and_preprocess
 
 
 def _blank(image_size: int) -> tf.Tensor:
-  """Stands in for an undecodable image (data_checks.py)."""
+  """Stands in for an unusable record's image (data_checks.py)."""
   return tf.zeros([image_size, image_size, 3], tf.uint8)
 
 
@@ -210,9 +211,7 @@ def _examples_per_pipeline(global_batch_size: int,
 
 
 def train_dataset_fn(cfg: InputConfig, global_batch_size: int,
-                     start_step: int = 0,
-                     lost_records: shard_audit.LostRecords | None = None
-                     ) -> DatasetFn:
+                     start_step: int = 0) -> DatasetFn:
   """Infinite training dataset_fn: (images [b, S, S, 3], labels int32 [b]).
 
   Images are raw 0..255 pixels in cfg.dtype (uint8 by default; the model's
@@ -220,29 +219,31 @@ def train_dataset_fn(cfg: InputConfig, global_batch_size: int,
   `start_step` skips the records of that many global steps before decoding
   anything, so with a seed and deterministic=True a resumed run sees exactly
   the batches the interrupted one would have seen.
-  `lost_records` counts the records lost to damaged files when
-  manifest.json lists them (shard_audit.py).
+  Unusable records and, when manifest.json lists every file, the records
+  lost to damaged files arrive as weight-0 examples whose negative labels
+  name their file (data_checks.py, shard_audit.py).
   """
   files = split_files(cfg.data_dir, "train")
-  audit = (shard_audit.FileAudit.of(cfg.data_dir, files, lost_records)
-           if lost_records else None)
+  expected = shard_audit.expected_records(cfg.data_dir, files)
 
   def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
     batch_size = ctx.get_per_replica_batch_size(global_batch_size)
     records = _records(files, ctx, cfg,
                        shard_files=len(files) >= ctx.num_input_pipelines,
-                       audit=audit)
+                       expected=expected)
     records = records.shuffle(cfg.shuffle_buffer_size, seed=cfg.seed,
                               reshuffle_each_iteration=True)
     records = records.repeat().enumerate()
-    if start_step:
-      records = records.skip(
-          start_step * _examples_per_pipeline(global_batch_size, ctx))
+    skipped = start_step * _examples_per_pipeline(global_batch_size, ctx)
+    if skipped:
+      records = records.skip(skipped)
     dataset = records.map(_train_map(cfg, ctx.input_pipeline_id),
-                          num_parallel_calls=_parallelism(cfg.parallel_map))
+                          num_parallel_calls=_parallelism(cfg.parallel_map),
+                          deterministic=True)
+    dataset = data_checks.fill_gaps(dataset, skipped)
     dataset = dataset.batch(batch_size, drop_remainder=True)
-    dataset = data_checks.guard_train(dataset, cfg.num_classes,
-                                      cfg.label_offset)
+    dataset = data_checks.mark_train(dataset, cfg.num_classes,
+                                     cfg.label_offset)
     if cfg.prefetch:
       dataset = dataset.prefetch(tf.data.AUTOTUNE)
     return dataset.with_options(_options(cfg, cfg.deterministic))
@@ -264,13 +265,14 @@ def eval_dataset_fn(cfg: InputConfig, global_batch_size: int,
   steps = eval_steps(num_examples, global_batch_size)
   dtype = tf.dtypes.as_dtype(cfg.dtype)
 
-  def parse_and_preprocess(record):
-    image_bytes, label = _parse(record, cfg.label_offset)
-    decodable = data_checks.looks_like_jpeg(image_bytes)
-    image = tf.cond(decodable, lambda: preprocessing.preprocess_for_eval(
+  def parse_and_preprocess(source, record):
+    del source  # eval counts no faults: an unusable record gets mask 0
+    image_bytes, label, parsed = data_checks.parse(record, cfg.label_offset)
+    usable = parsed & data_checks.looks_like_jpeg(image_bytes)
+    image = tf.cond(usable, lambda: preprocessing.preprocess_for_eval(
         image_bytes, cfg.image_size, cfg.crops.eval_crop_fraction),
                     lambda: _blank(cfg.image_size))
-    return tf.cast(image, dtype), label, decodable
+    return tf.cast(image, dtype), label, usable
 
   def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
     batch_size = ctx.get_per_replica_batch_size(global_batch_size)

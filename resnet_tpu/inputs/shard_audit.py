@@ -8,33 +8,31 @@ What TensorFlow 2.21's TFRecordDataset does with a damaged file (measured):
   * cut inside a 12-byte record header, or at a record boundary: no error,
     the file just ends early.
 It never skips one record and reads on: the rest of the file is lost, in
-every pass. With ignore_errors() the file ends there, quietly. The error
-names no file, and the batch guard of data_checks.py swallows it, dropping
-the batch, with a C++ warning (none at TF_CPP_MIN_LOG_LEVEL=2). An error
-raised inside the pipeline on purpose would be swallowed the same way.
+every pass. The error names no file.
 
-So each training file listed in manifest.json is read with native tf.data
-ops only: a healthy file runs no function per record, and the whole-file
-parallel reads of Ying et al. 2018 §3.2 cost what plain reads cost.
+So every training file is read as (source, record) pairs, with native
+tf.data ops only, so the count works wherever the input pipeline runs
+(a TPU pod's remote input hosts included); a healthy file costs what a plain
+read costs (Ying et al. 2018 §3.2):
 
-  TFRecordDataset(file).ignore_errors().batch(1)    a bad record ends it
-    .concatenate(one element per lost record)        runs only when short
-    .take(records in manifest.json).unbatch()        the lost ones: empty
+  TFRecordDataset(file).ignore_errors()              a bad record ends it
+    .concatenate(one empty record per lost record)   runs only when short
+    .take(records in manifest.json)
 
-When the file ends early, the elements after it come from the second
-dataset, whose map calls LostRecords.report (a tf.py_function, once per lost
-record): it counts each one and, on the first of a file in each pass, logs a
-warning naming the file, the records read, expected and lost, and the byte
-offset where reading stops. Without a manifest the count is unknown and the
-files are read as they are (preflight.check_manifest says so at start-up).
-With cache_dataset a file is read, and checked, in the first pass only.
-Under on_corrupt_shard="fail", LostRecords.take raises CorruptShardError
-naming the file.
+`source` is 2 * the file's index in the split, + 1 for the stand-ins of
+lost records. The input pipeline turns every record it cannot use (a lost
+one, one it cannot parse or decode) into a weight-0 example whose label
+names its source (data_checks.py), so the training step counts them per
+file in its summed StepSums: over all replicas and workers, once per host
+loop. `DataFaults` then names each file in a warning (for a lost record: the
+records read, expected and lost, and the byte offset where reading stops)
+and, under --on_corrupt_shard=fail, every worker raises CorruptShardError
+naming the file after the same host loop. Without a manifest the number of
+lost records is unknown: a damaged file ends early, uncounted
+(preflight.check_manifest says so at start-up).
 """
-import functools
 import os
-import threading
-from typing import Callable
+from typing import Callable, Sequence
 
 from absl import logging
 import tensorflow as tf
@@ -47,8 +45,6 @@ from resnet_tpu.config import ON_CORRUPT_SHARD
 HEADER_BYTES = 12
 FRAMING_BYTES = 16
 _CRC_MASK_DELTA = 0xA282EAD8
-# More than any file holds; the lost-record stream is cut by take().
-MAX_LOST = 1 << 62
 
 
 class CorruptShardError(ConfigError):
@@ -106,6 +102,44 @@ def describe_fault(path: str, offset: int) -> str:
   return f"an unreadable record at byte {offset:,}"
 
 
+def first_record(path: str) -> bytes | None:
+  """The first record of TFRecord file `path` (None: it ends before one),
+  read with tf.io.gfile alone: no TensorFlow runtime starts, which a
+  multi-worker strategy must configure first. Raises DataLossError naming
+  what it found where a record should be."""
+  with tf.io.gfile.GFile(path, "rb") as f:
+    header = f.read(HEADER_BYTES)
+    if len(header) < HEADER_BYTES:
+      return None  # as TFRecordDataset reads it: no record, no error
+    length = int.from_bytes(header[:8], "little")
+    ok_length = masked_crc32c(header[:8]) == int.from_bytes(header[8:],
+                                                            "little")
+    data = f.read(length + 4) if ok_length else b""
+  if len(data) == length + 4 and masked_crc32c(data[:-4]) == int.from_bytes(
+      data[-4:], "little"):
+    return data[:-4]
+  raise tf.errors.DataLossError(None, None, describe_fault(path, 0))
+
+
+def count_records(path: str) -> int:
+  """Records of TFRecord file `path` before the first framing fault, from
+  their headers alone (each record's data is skipped, not checksummed),
+  with tf.io.gfile: no TensorFlow runtime starts (first_record)."""
+  records = offset = 0
+  with tf.io.gfile.GFile(path, "rb") as f:
+    size = f.size()
+    while True:
+      header = f.read(HEADER_BYTES)
+      if len(header) < HEADER_BYTES or masked_crc32c(
+          header[:8]) != int.from_bytes(header[8:], "little"):
+        return records
+      offset += FRAMING_BYTES + int.from_bytes(header[:8], "little")
+      if offset > size:
+        return records  # cut inside this record
+      records += 1
+      f.seek(offset)
+
+
 def readable_prefix(path: str) -> tuple[int, int]:
   """(records, bytes) TensorFlow's reader reads before a damaged record."""
   records = nbytes = 0
@@ -117,114 +151,96 @@ def readable_prefix(path: str) -> tuple[int, int]:
   return records, nbytes + records * FRAMING_BYTES
 
 
-class LostRecords:
-  """Thread-safe count of training records lost to damaged shards.
+def source_of(file_index: int | tf.Tensor, lost: bool = False):
+  """The source number of `file_index`'s records (module docstring)."""
+  return 2 * file_index + (1 if lost else 0)
 
-  The input pipeline reports into it (from tf.data threads); the training
-  loop calls `take` once per host loop.
+
+def reading(files: list[str], indices: list[int], buffer_size: int,
+            expected: dict[str, int] | None
+            ) -> tuple[tf.data.Dataset, Callable]:
+  """The (file, its index in the split, records expected or -1) to
+  interleave, and the reader of one file: (source, record) pairs, a lost
+  record's stand-in after a damaged file's last readable one when
+  `expected` (manifest.json) lists the records of every file."""
+  counts = [expected[f] if expected else -1 for f in files]
+  names = tf.data.Dataset.from_tensor_slices(
+      (files, tf.constant(indices, tf.int64), tf.constant(counts, tf.int64)))
+
+  def read(name, index, count):
+    source = tf.cast(source_of(index), tf.int32)
+    records = tf.data.TFRecordDataset(
+        name, buffer_size=buffer_size).ignore_errors().map(
+            lambda record: (source, record))
+    if expected is None:
+      return records
+    lost = tf.data.Dataset.from_tensors((source + 1, tf.constant(""))).repeat()
+    return records.concatenate(lost).take(count)
+
+  return names, read
+
+
+def expected_records(data_dir: str, files: list[str]) -> dict[str, int] | None:
+  """path -> records of `files` in manifest.json; None when it does not
+  list them all (preflight.check_manifest names those)."""
+  listed = (manifest.read(data_dir) or {}).get("train", {})
+  if not all(os.path.basename(f) in listed for f in files):
+    return None
+  return {f: listed[os.path.basename(f)].records for f in files}
+
+
+class DataFaults:
+  """Names the files behind each host loop's unusable and lost records.
+
+  `by_source[s]` counts the weight-0 examples of source s (module
+  docstring), summed over every replica and worker, so every worker names
+  the same files and, under on_corrupt_shard="fail", stops after the same
+  host loop.
   """
 
-  def __init__(self, on_corrupt_shard: str = "skip"):
+  def __init__(self, files: list[str], expected: dict[str, int] | None,
+               on_corrupt_shard: str = "skip"):
     if on_corrupt_shard not in ON_CORRUPT_SHARD:
       raise ValueError(f"--on_corrupt_shard must be one of {ON_CORRUPT_SHARD}"
                        f", got {on_corrupt_shard!r}")
-    self._fail = on_corrupt_shard == "fail"
-    self._lock = threading.Lock()
-    self._lost = 0
-    self._failure = ""
-    self._messages = {}  # path -> warning, each file read once on a fault
-
-  def report(self, path: str, expected: int, index: int) -> None:
-    """Counts one lost record of `path`; the `index`-th of it this pass."""
-    with self._lock:
-      self._lost += 1
-    if index:
-      return
-    with self._lock:
-      message = self._messages.get(path)
-    if message is None:
-      message = self._describe(path, expected)
-      with self._lock:
-        self._messages[path] = message
-        if self._fail and not self._failure:
-          self._failure = message
-    logging.warning("Damaged training shard %s", message)
-
-  def _describe(self, path: str, expected: int) -> str:
-    records, nbytes = readable_prefix(path)
-    verify = manifest.VERIFY_COMMAND.format(data_dir=os.path.dirname(path))
-    return (f"{path}: read {records:,} of its {expected:,} records "
-            f"(manifest.json), {expected - records:,} lost in each pass, "
-            f"stopping at {describe_fault(path, nbytes)}. `{verify}` checks "
-            "every shard.")
-
-  def take(self) -> int:
-    """Records lost since the last call; raises CorruptShardError for a
-    damaged file under on_corrupt_shard="fail"."""
-    with self._lock:
-      if self._failure:
-        raise CorruptShardError(
-            f"Damaged training shard {self._failure} Stopping "
-            "(--on_corrupt_shard=fail; =skip trains on without them).")
-      lost, self._lost = self._lost, 0
-    return lost
-
-
-class FileAudit:
-  """Reads the training files counting lost records (module docstring)."""
-
-  def __init__(self, expected: dict[str, int], lost: LostRecords):
+    self.files = list(files)
     self._expected = expected
-    self._lost = lost
+    self._fail = on_corrupt_shard == "fail"
+    self._described = {}  # path -> what is damaged, read once
 
-  @classmethod
-  def of(cls, data_dir: str, files: list[str],
-         lost: LostRecords) -> "FileAudit | None":
-    """The audit of `files`, or None when manifest.json does not list them
-    all (preflight.check_manifest names those)."""
-    listed = (manifest.read(data_dir) or {}).get("train", {})
-    if not all(os.path.basename(f) in listed for f in files):
-      return None
-    return cls({f: listed[os.path.basename(f)].records for f in files}, lost)
+  @property
+  def num_sources(self) -> int:
+    return 2 * len(self.files)
 
-  def names(self, files: list[str]) -> tf.data.Dataset:
-    """(file, its records in manifest.json) of `files`."""
-    return tf.data.Dataset.from_tensor_slices(
-        (files, tf.constant([self._expected[f] for f in files], tf.int64)))
+  def report(self, by_source: Sequence[int], step: int) -> None:
+    """Logs a warning per file with faults in the loop ending at `step`;
+    raises CorruptShardError for a lost record under "fail"."""
+    damaged = []
+    for index, path in enumerate(self.files):
+      unusable, lost = by_source[2 * index], by_source[2 * index + 1]
+      if unusable:
+        logging.warning(
+            "%s: %d unusable record(s) in the steps up to %d (not a "
+            "tf.train.Example with one image/encoded and one "
+            "image/class/label, or not a decodable JPEG); trained on with "
+            "weight 0.", path, unusable, step)
+      if lost:
+        damaged.append(self._describe(path))
+        logging.warning("Damaged training shard %s %d record(s) lost in the "
+                        "steps up to %d.", damaged[-1], lost, step)
+    if damaged and self._fail:
+      raise CorruptShardError(
+          f"Damaged training shard {damaged[0]} Stopping "
+          "(--on_corrupt_shard=fail; =skip trains on without them).")
 
-  def reader(self, buffer_size: int, counted: bool) -> Callable:
-    """(file, records) -> its records; `counted` reads report losses."""
-    def read(name, expected):
-      records = tf.data.TFRecordDataset(
-          name, buffer_size=buffer_size).ignore_errors().batch(1)
-      return records.concatenate(self._lost_records(name, expected, counted)
-                                 ).take(expected).unbatch()
-
-    return read
-
-  def _lost_records(self, name, expected, counted) -> tf.data.Dataset:
-    """Endless empty elements; each reports one lost record when counted."""
-    empty = tf.zeros([0], tf.string)
-    if not counted:
-      return tf.data.Dataset.from_tensors(empty).repeat()
-
-    def report(path, expected, index) -> bool:
-      self._lost.report(path.numpy().decode(), int(expected), int(index))
-      return True
-
-    def lost(index):
-      done = tf.py_function(report, [name, expected, index], tf.bool)
-      with tf.control_dependencies([done]):
-        return tf.identity(empty)
-
-    return tf.data.Dataset.range(MAX_LOST).map(lost)
-
-
-def reading(files: list[str], buffer_size: int, audit: FileAudit | None,
-            counted: bool) -> tuple[tf.data.Dataset, Callable]:
-  """The names to interleave and the reader of one file: plain
-  TFRecordDatasets without an `audit`; `counted` ones report losses."""
-  if audit is None:
-    return tf.data.Dataset.from_tensor_slices(files), functools.partial(
-        tf.data.TFRecordDataset, buffer_size=buffer_size)
-  return audit.names(files), audit.reader(buffer_size, counted)
+  def _describe(self, path: str) -> str:
+    if path not in self._described:
+      expected = self._expected[path]
+      records, nbytes = readable_prefix(path)
+      verify = manifest.VERIFY_COMMAND.format(data_dir=os.path.dirname(path))
+      self._described[path] = (
+          f"{path}: read {records:,} of its {expected:,} records "
+          f"(manifest.json), {expected - records:,} lost in each pass, "
+          f"stopping at {describe_fault(path, nbytes)}. `{verify}` checks "
+          "every shard.")
+    return self._described[path]

@@ -24,8 +24,8 @@ class LoopSums(NamedTuple):
   first_nonfinite: tf.Tensor
 
   @classmethod
-  def empty(cls) -> "LoopSums":
-    return cls(StepSums.zeros(), tf.zeros([]), tf.constant(-1.0))
+  def empty(cls, num_sources: int) -> "LoopSums":
+    return cls(StepSums.zeros(num_sources), tf.zeros([]), tf.constant(-1.0))
 
   def add(self, step: StepSums, index: tf.Tensor) -> "LoopSums":
     nonfinite = step.nonfinite > 0
@@ -46,9 +46,11 @@ class LoopResult:
   top1: float
   top5: float
   examples: int
-  undecodable_images: int = 0
+  unusable_examples: int = 0
+  lost_records: int = 0
   nonfinite_steps: int = 0
   first_nonfinite: int = -1  # index of the first non-finite step in the loop
+  by_source: tuple[int, ...] = ()  # faults per source (shard_audit.py)
 
   @classmethod
   def of(cls, sums: StepSums | LoopSums) -> "LoopResult":
@@ -59,9 +61,11 @@ class LoopResult:
     else:
       counts = (0, -1)
     n = max(float(sums.examples), 1.0)
+    count = lambda v: int(round(float(v)))
     return cls(float(sums.loss) / n, float(sums.top1) / n,
-               float(sums.top5) / n, int(round(float(sums.examples))),
-               int(round(float(sums.undecodable))), *counts)
+               float(sums.top5) / n, count(sums.examples),
+               count(sums.unusable), count(sums.lost), *counts,
+               tuple(count(v) for v in sums.by_source.numpy()))
 
 
 class HostLoops:
@@ -84,7 +88,7 @@ class HostLoops:
   @tf.function
   def train(self, iterator: Iterator, num_steps: tf.Tensor) -> LoopSums:
     """Runs `num_steps` training steps in one call."""
-    sums = LoopSums.empty()
+    sums = LoopSums.empty(self.step.num_sources)
     for i in tf.range(num_steps):
       sums = sums.add(self._run(self.step.train, next(iterator)), i)
     return sums
@@ -99,8 +103,8 @@ class HostLoops:
     BN statistics still per micro-batch. `micro_batches` is a tensor, so a
     batch-size change does not retrace.
     """
-    sums = LoopSums.empty()
-    step = StepSums.zeros()
+    sums = LoopSums.empty(self.step.num_sources)
+    step = StepSums.zeros(self.step.num_sources)
     # One flat loop: nested while loops here trip Grappler's arithmetic
     # optimizer (AlreadyExists on an AddOpsRewrite TemporaryVariable) from
     # the second call on.
@@ -111,13 +115,13 @@ class HostLoops:
         nonfinite = self._sum(self.strategy.run(self.step.apply_accumulated))
         sums = sums.add(step._replace(nonfinite=nonfinite),
                         micro // micro_batches)
-        step = StepSums.zeros()
+        step = StepSums.zeros(self.step.num_sources)
     return sums
 
   @tf.function
   def eval(self, iterator: Iterator, num_steps: tf.Tensor) -> StepSums:
     """Sums `num_steps` eval batches."""
-    sums = StepSums.zeros()
+    sums = StepSums.zeros(self.step.num_sources)
     for _ in tf.range(num_steps):
       sums += self._run(self.step.eval, next(iterator))
     return sums

@@ -2,8 +2,9 @@
 
 Ying et al. 2018 run several steps per host call; after each call the
 trainer writes one metrics.jsonl record and one log line (loss, top-1, LR,
-images/s, ETA), and names what the loop lost: undecodable images, records of
-damaged files (shard_audit.py) and steps with a NaN/Inf loss or gradient.
+images/s, ETA), and names what the loop lost: unusable records (data_checks.py),
+records of damaged files (shard_audit.py), both summed over every worker, and
+steps with a NaN/Inf loss or gradient.
 Such steps stop the run without a checkpoint (`NonFiniteLossError`) unless
 --skip_nonfinite_steps skips them.
 """
@@ -48,19 +49,20 @@ def check_finite(result: LoopResult, first_step: int, num_steps: int,
 
 def train_record(result: LoopResult, step: int, total: int,
                  images_per_sec: float, elapsed_s: float, eta_s: float,
-                 learning_rate: float, lost_records: int) -> dict:
+                 learning_rate: float) -> dict:
   """The metrics.jsonl record of a host loop ending at `step`; logs it."""
   record = {"step": step, "split": "train", "loss": result.loss,
             "top1": result.top1, "top5": result.top5,
             "examples": result.examples, "images_per_sec": images_per_sec,
             "elapsed_s": elapsed_s, "learning_rate": learning_rate,
-            "undecodable_images": result.undecodable_images,
+            "unusable_examples": result.unusable_examples,
             "skipped_steps": result.nonfinite_steps,
-            "lost_records": lost_records}
-  if result.undecodable_images:
-    logging.warning("Skipped %d undecodable image(s) in the steps up to %d "
-                    "(counted in metrics.jsonl as undecodable_images).",
-                    result.undecodable_images, step)
+            "lost_records": result.lost_records}
+  if result.unusable_examples or result.lost_records:
+    logging.warning("Trained on without %d unusable example(s) and %d "
+                    "record(s) lost to damaged files in the steps up to %d "
+                    "(metrics.jsonl: unusable_examples, lost_records).",
+                    result.unusable_examples, result.lost_records, step)
   logging.info("step %d/%d: loss %.4f top-1 %.4f lr %.4g %.1f images/s "
                "ETA %s", step, total, result.loss, result.top1,
                learning_rate, images_per_sec, format_seconds(eta_s))

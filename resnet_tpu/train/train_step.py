@@ -3,8 +3,8 @@
 Synchronous data parallelism: every replica takes `global_batch / replicas`
 images; the loss is scaled by the GLOBAL batch because the optimizer sums
 gradients over replicas once (Keras 3 in apply_gradients, or
-gradient_all_reduce.py). Examples labelled -1 (undecodable images,
-data_checks.py) weigh 0. Everything here runs inside `strategy.run`; the host
+gradient_all_reduce.py). Examples with a negative label (unusable or lost
+records, data_checks.py) weigh 0 and are counted per source file. Everything here runs inside `strategy.run`; the host
 loops (host_loops.py) call it and sum the `StepSums` over replicas.
 """
 from typing import NamedTuple
@@ -13,6 +13,7 @@ import keras
 import tensorflow as tf
 
 from resnet_tpu.runtime import compat
+from resnet_tpu.inputs import data_checks
 from resnet_tpu.optim import optimizers
 from resnet_tpu.config import TrainConfig
 
@@ -21,30 +22,37 @@ class StepSums(NamedTuple):
   """What one step adds up on a replica (summed over replicas by the loop).
 
   loss, top1, top5: per-example sums over the weighted examples; examples:
-  their count; undecodable: images labelled -1 (weight 0); nonfinite: > 0
-  when the step's loss or gradients were NaN/Inf.
+  their count; unusable: records that could not be used (weight 0); lost:
+  stand-ins of records lost to damaged files (weight 0); nonfinite: > 0 when
+  the step's loss or gradients were NaN/Inf; by_source: unusable and lost
+  examples per source (shard_audit.py), a vector.
   """
   loss: tf.Tensor
   top1: tf.Tensor
   top5: tf.Tensor
   examples: tf.Tensor
-  undecodable: tf.Tensor
+  unusable: tf.Tensor
+  lost: tf.Tensor
   nonfinite: tf.Tensor
+  by_source: tf.Tensor
 
   @classmethod
-  def zeros(cls) -> "StepSums":
-    return cls(*([tf.zeros([])] * len(cls._fields)))
+  def zeros(cls, num_sources: int = 0) -> "StepSums":
+    return cls(*([tf.zeros([])] * (len(cls._fields) - 1)),
+               by_source=tf.zeros([num_sources]))
 
   def __add__(self, other: "StepSums") -> "StepSums":
     return StepSums(*(a + b for a, b in zip(self, other)))
 
   def packed(self) -> tf.Tensor:
     """One vector, so the sums cross replicas in one all-reduce."""
-    return tf.stack(list(self))
+    return tf.concat([tf.stack(list(self[:-1])), self.by_source], 0)
 
   @classmethod
   def unpacked(cls, vector: tf.Tensor) -> "StepSums":
-    return cls(*tf.unstack(vector, num=len(cls._fields)))
+    scalars = len(cls._fields) - 1
+    return cls(*tf.unstack(vector[:scalars], num=scalars),
+               by_source=vector[scalars:])
 
 
 def decayed_variables(model: keras.Model) -> list[tf.Variable]:
@@ -62,12 +70,15 @@ class ReplicaStep:
 
   `accumulators` (batch-size control) are per-replica ON_READ gradient sums
   created under the strategy scope; empty when no --batch_size_schedule.
+  `num_sources`: the length of StepSums.by_source, 2 per training file
+  (set before the first step is traced).
   """
 
   def __init__(self, cfg: TrainConfig, model: keras.Model,
                optimizer: keras.optimizers.Optimizer, num_replicas: int,
                accumulators: list[tf.Variable] = ()):
     self.cfg = cfg
+    self.num_sources = 0
     self.model = model
     self.optimizer = optimizer
     self.num_replicas = num_replicas
@@ -102,12 +113,13 @@ class ReplicaStep:
         loss += (self.cfg.weight_decay * l2 /
                  tf.cast(self.num_replicas * micro_batches, tf.float32))
     grads = tape.gradient(loss, self.model.trainable_variables)
-    n = tf.reduce_sum(weight)
+    unusable, lost, by_source = data_checks.fault_counts(labels,
+                                                         self.num_sources)
     sums = StepSums(
         loss=tf.reduce_sum(per_example), top1=tf.reduce_sum(top1),
-        top5=tf.reduce_sum(top5), examples=n,
-        undecodable=tf.cast(tf.size(labels), tf.float32) - n,
-        nonfinite=tf.zeros([]))
+        top5=tf.reduce_sum(top5), examples=tf.reduce_sum(weight),
+        unusable=unusable, lost=lost, nonfinite=tf.zeros([]),
+        by_source=by_source)
     return grads, sums
 
   def apply(self, grads) -> None:
@@ -185,11 +197,10 @@ class ReplicaStep:
     logits = self.model(images, training=False)
     per_example, top1, top5, _ = self.losses_and_hits(logits, labels)
     mask = tf.cast(mask, tf.float32)
-    return StepSums(
+    return StepSums.zeros(self.num_sources)._replace(
         loss=tf.reduce_sum(per_example * mask),
         top1=tf.reduce_sum(top1 * mask), top5=tf.reduce_sum(top5 * mask),
-        examples=tf.reduce_sum(mask), undecodable=tf.zeros([]),
-        nonfinite=tf.zeros([]))
+        examples=tf.reduce_sum(mask))
 
 
 def make_accumulators(model: keras.Model) -> list[tf.Variable]:

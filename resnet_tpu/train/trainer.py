@@ -4,7 +4,8 @@ Ying et al. 2018 train with synchronous data parallelism and several steps
 per host call; the step math is train_step.py, the loops host_loops.py, the
 checkpoints checkpointing.py. `Trainer` builds them under the strategy and
 runs `fit`: host loop after host loop, evaluating and checkpointing on the
-configured cadence, one record and log line per loop (loop_report.py).
+configured cadence (steps, and minutes: cadence.py), one record and log
+line per loop (loop_report.py).
 Between host loops it checks for SIGTERM (preemption.py) and for non-finite
 loss or gradients; a run stops with a checkpoint (`Preempted`) or without
 overwriting the last good one (`loop_report.NonFiniteLossError`), or skips
@@ -17,9 +18,11 @@ from absl import logging
 import keras
 import tensorflow as tf
 
+from resnet_tpu.train import cadence
 from resnet_tpu.train import loop_report
 from resnet_tpu.train import preemption
 from resnet_tpu.model.bn_recompute import BNStatisticsRecomputer
+from resnet_tpu.train.checkpointing import check_workers_agree
 from resnet_tpu.train.checkpointing import Checkpoints
 from resnet_tpu.train.checkpointing import worker_checkpoint_dir
 from resnet_tpu.config import TrainConfig
@@ -29,7 +32,7 @@ from resnet_tpu.inputs.input_pipeline import DatasetFn
 from resnet_tpu.train.metrics_log import MetricsLog
 from resnet_tpu.model.resnet import build_model
 from resnet_tpu.optim.optimizers import build_optimizer_from_config
-from resnet_tpu.inputs.shard_audit import LostRecords
+from resnet_tpu.inputs.shard_audit import DataFaults
 from resnet_tpu.parallel.strategy import is_chief
 from resnet_tpu.train.train_step import make_accumulators
 from resnet_tpu.train.train_step import ReplicaStep
@@ -78,8 +81,9 @@ class Trainer:
         worker_checkpoint_dir(cfg.model_dir, strategy, self.chief),
         self.chief)
     self.metrics = MetricsLog(cfg.model_dir, enabled=self.chief)
+    self.save_timer = cadence.SaveTimer(cfg.checkpoint_every_minutes)
     self._start_time = time.time()
-    self._lost_records = None
+    self._faults = None
 
   @property
   def step(self) -> int:
@@ -92,16 +96,21 @@ class Trainer:
   def restore(self) -> int:
     """Restores the newest intact checkpoint of model_dir; returns the step.
 
-    Metric records of steps after the restored one (training that is about
-    to be redone) are dropped.
+    Every worker must call this together: they check that all restored the
+    same step and input position (checkpointing.RestoreMismatch). Metric
+    records of steps after the restored one (training that is about to be
+    redone) are dropped.
     """
     path = self.checkpoints.restore()
+    input_batches = int(self.input_batches.numpy())
     if path:
-      dropped = self.metrics.drop_after(self.step)
-      logging.info("Restored %s at step %d (input at global batch %d)%s",
-                   path, self.step, int(self.input_batches.numpy()),
-                   f"; dropped {dropped} metric records of later steps"
-                   if dropped else "")
+      logging.info("Restored %s at step %d (input at global batch %d)",
+                   path, self.step, input_batches)
+    check_workers_agree(self.strategy, self.step, input_batches)
+    dropped = self.metrics.drop_after(self.step) if path else 0
+    if dropped:
+      logging.info("Dropped %d metric records of steps after %d.", dropped,
+                   self.step)
     return self.step
 
   def save(self) -> str:
@@ -131,15 +140,15 @@ class Trainer:
   def fit(self, train_dataset_fn: DatasetFn,
           eval_dataset_fn: DatasetFn | None = None, eval_steps: int = 0,
           resume_dataset_fn: Callable[[int], DatasetFn] | None = None,
-          lost_records: LostRecords | None = None) -> dict:
+          faults: DataFaults | None = None) -> dict:
     """Trains to cfg.total_train_steps, evaluating and checkpointing.
 
     Resumes from the newest intact checkpoint in model_dir, input included:
     reading continues at global batch `input_batches`, from
     `resume_dataset_fn(input_batches)` when given (input_pipeline's
     start_step skips records before decoding them), else by skipping that
-    many batches of `train_dataset_fn`. `lost_records` counts the records of
-    damaged training files (shard_audit.py), logged per host loop. Returns
+    many batches of `train_dataset_fn`. `faults` names the training files
+    behind unusable and lost records (shard_audit.py) per host loop. Returns
     the last eval record (or the last train record when there is no eval
     set).
 
@@ -149,7 +158,9 @@ class Trainer:
     gradient unless cfg.skip_nonfinite_steps.
     """
     self._start_time = time.time()
-    self._lost_records = lost_records
+    self._faults = faults
+    if faults:
+      self.replica_step.num_sources = faults.num_sources
     self.restore()
     train_iter = iter(self.strategy.distribute_datasets_from_function(
         self._positioned_input(train_dataset_fn, resume_dataset_fn)))
@@ -197,6 +208,7 @@ class Trainer:
     last = {}
     step = start_step = self.step
     phase_starts = self.clock.phase_start_steps()
+    self.save_timer.restart()
     while step < total:
       next_phase = min([s for s in phase_starts if s > step] + [total])
       n = min(cfg.steps_per_loop, next_phase - step,
@@ -211,7 +223,8 @@ class Trainer:
       last = self._log_train(result, n * micro_batches, seconds, step,
                              start_step, total)
       preempted = sigterm.any_worker_received(self.strategy) and step < total
-      do_save = step % ckpt_every == 0 or step == total
+      timed = self.save_timer.due(self.strategy)
+      do_save = step % ckpt_every == 0 or step == total or timed
       do_eval = evaluate is not None and (step % eval_every == 0 or
                                           step == total)
       if self._bn_recomputer and (do_save or do_eval):
@@ -219,6 +232,7 @@ class Trainer:
         self.input_batches.assign_add(cfg.bn_recompute_batches)
       if do_save or preempted:
         path = self.save()
+        self.save_timer.restart()
       if do_eval:
         last = evaluate()
       if preempted:
@@ -249,11 +263,11 @@ class Trainer:
         eta_s=loop_report.eta_seconds(elapsed, step - start_step,
                                       total - step),
         learning_rate=float(tf.convert_to_tensor(
-            self.optimizer.learning_rate)),
-        # Raises under --on_corrupt_shard=fail.
-        lost_records=(self._lost_records.take() if self._lost_records
-                      else 0))
+            self.optimizer.learning_rate)))
     self.metrics.write(record)
+    if self._faults:
+      self.metrics.flush()  # the count is on disk before a fail stop
+      self._faults.report(result.by_source, step)
     if self._loop_callback:
       self._loop_callback(record)
     return record
