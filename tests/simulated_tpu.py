@@ -2,7 +2,7 @@
 
 TPUStrategy asks its cluster resolver for the slice's system metadata and
 nothing else while a step is traced in graph mode; this resolver answers
-with a simulated topology (topology.simulated_topology), so the replica
+with a simulated topology (simulated_slices.py), so the replica
 step is built exactly as TPUStrategy builds it (tpu.replicate: the
 TPUReplicateMetadata, TPUReplicatedInput/Output and CrossReplicaSum ops),
 on any host and either TensorFlow build. Nothing runs: no op has a device.
@@ -14,8 +14,8 @@ import tensorflow as tf
 # pylint: disable-next=g-direct-tensorflow-import
 from tensorflow.python.tpu import tpu_system_metadata
 
-from resnet_tpu.parallel import topology as topology_lib
 from resnet_tpu.parallel import tpu_layout
+from simulated_slices import simulated_topology
 
 
 class SimulatedSliceResolver(tf.distribute.cluster_resolver.TPUClusterResolver):
@@ -23,7 +23,7 @@ class SimulatedSliceResolver(tf.distribute.cluster_resolver.TPUClusterResolver):
 
   def __init__(self, slice_name: str):
     super().__init__(tpu="local")
-    self.slice_topology = topology_lib.simulated_topology(slice_name)
+    self.slice_topology = simulated_topology(slice_name)
 
   def get_tpu_system_metadata(self):
     topology = self.slice_topology

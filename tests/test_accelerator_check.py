@@ -13,9 +13,9 @@ import tensorflow as tf
 
 from conftest import cpu_strategy
 from resnet_tpu.parallel import bn_all_reduce
-from resnet_tpu.parallel import topology as topology_lib
 from tools import accelerator_checks
 from tools import accelerator_report
+from simulated_slices import simulated_topology
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROWS = ("devices", "group_bn", "replicas_equal_one_device", "bfloat16_step",
@@ -155,8 +155,7 @@ def test_a_tpu_slices_chips_come_from_its_topology():
   # v3-32: 16 chips of 2 cores on 4 hosts; v4-32: 16 chips of one core.
   for name, chips, hosts in (("v3-32", 16, 4), ("v4-32", 16, 4),
                              ("v3-8", 4, 1)):
-    summary = accelerator_report.topology_summary(
-        topology_lib.simulated_topology(name))
+    summary = accelerator_report.topology_summary(simulated_topology(name))
     assert (summary["num_chips"], summary["num_hosts"]) == (chips, hosts)
   assert accelerator_report.chips("tpu", None, summary) == 4
 

@@ -10,9 +10,9 @@ import tensorflow as tf
 
 from resnet_tpu.parallel import bn_all_reduce
 from resnet_tpu.parallel import strategy as strategy_lib
-from resnet_tpu.parallel import topology
 from resnet_tpu.config import TPU_DEVICE_ASSIGNMENTS
 from resnet_tpu.parallel import tpu_layout
+from simulated_slices import simulated_topology
 
 SLICES = ("v3-8", "v3-32", "v3-128", "v3-1024", "v4-32")
 # (slice, group size) for every power-of-two group up to 64 replicas.
@@ -47,7 +47,7 @@ def _tensorflow_device(topo, replica: int) -> str:
     ("v4-32", (2, 2, 4), 1)])
 def test_simulated_slices_have_the_published_chip_meshes(
     name, expected_mesh, cores_per_chip):
-  topo = topology.simulated_topology(name)
+  topo = simulated_topology(name)
   assert tuple(topo.mesh_shape) == expected_mesh + (cores_per_chip,)
   # Every host drives a 2x2 board of chips.
   assert topo.num_tpus_per_task == 4 * cores_per_chip
@@ -59,7 +59,7 @@ def test_simulated_slices_have_the_published_chip_meshes(
 @pytest.mark.parametrize("name,group_size", CASES)
 def test_bn_groups_are_compact_tiles_on_every_simulated_slice(
     name, group_size, assignment):
-  topo = topology.simulated_topology(name)
+  topo = simulated_topology(name)
   layout = tpu_layout.slice_layout(topo, group_size, assignment)
   cores = layout.replica_cores
   assert sorted(cores) == sorted(_all_cores(topo))
@@ -91,7 +91,7 @@ def test_bn_groups_are_compact_tiles_on_every_simulated_slice(
 @pytest.mark.parametrize("name,group_size", CASES)
 def test_ring_assignment_is_a_neighbour_ring_with_contiguous_bn_groups(
     name, group_size):
-  topo = topology.simulated_topology(name)
+  topo = simulated_topology(name)
   assignment, layout = tpu_layout.tpu_device_assignment(topo, "ring",
                                                         group_size)
   cores = layout.replica_cores
@@ -107,7 +107,7 @@ def test_ring_assignment_is_a_neighbour_ring_with_contiguous_bn_groups(
 
 @pytest.mark.parametrize("name", SLICES)
 def test_default_assignment_is_tensorflows_own_task_by_task_order(name):
-  topo = topology.simulated_topology(name)
+  topo = simulated_topology(name)
   assignment, layout = tpu_layout.tpu_device_assignment(topo, "default", 4)
   # None: TPUStrategy takes its own path, which runs replica r on TPU
   # device r % k of task r // k (k devices per task).
@@ -123,7 +123,7 @@ def test_default_assignment_is_tensorflows_own_task_by_task_order(name):
 
 def test_device_assignment_build_is_not_tensorflows_default():
   """Why `default` is not DeviceAssignment.build: a row-major order."""
-  topo = topology.simulated_topology("v3-32")
+  topo = simulated_topology("v3-32")
   built = tf.tpu.experimental.DeviceAssignment.build(topo, num_replicas=32)
   assert [tuple(built.coordinates(r, 0)) for r in range(4)] == [
       (0, 0, 0, 0), (0, 0, 0, 1), (1, 0, 0, 0), (1, 0, 0, 1)]
@@ -134,7 +134,7 @@ def test_device_assignment_build_is_not_tensorflows_default():
 def test_default_assignment_groups_of_four_hosts_are_2x2_blocks_of_tasks():
   # v3-128: 8x8 chips, a 4x4 grid of hosts numbered x fastest. A group of
   # 32 replicas is a 4x4-chip tile: hosts 0, 1, 4 and 5, not 0..3.
-  layout = tpu_layout.slice_layout(topology.simulated_topology("v3-128"), 32)
+  layout = tpu_layout.slice_layout(simulated_topology("v3-128"), 32)
   assert layout.tile == (4, 4, 1)
   assert layout.group_assignment[0] == list(range(16)) + list(range(32, 48))
   assert layout.group_assignment[1] == list(range(16, 32)) + list(
@@ -142,21 +142,19 @@ def test_default_assignment_groups_of_four_hosts_are_2x2_blocks_of_tasks():
 
 
 @pytest.mark.parametrize("assignment", TPU_DEVICE_ASSIGNMENTS)
-def test_bn_groups_read_a_device_assignment_or_core_coordinates(assignment):
-  topo = topology.simulated_topology("v3-32")
+def test_device_assignment_runs_replica_r_on_the_layouts_core_r(assignment):
+  topo = simulated_topology("v3-32")
   layout = tpu_layout.slice_layout(topo, 8, assignment)
   explicit = tpu_layout.device_assignment(topo, layout)
-  assert tpu_layout.bn_groups(explicit, topo, 8) == layout.group_assignment
-  assert tpu_layout.bn_groups(layout.replica_cores, topo,
-                              8) == layout.group_assignment
-  with pytest.raises(ValueError, match="cores of the TPU slice"):
-    tpu_layout.bn_groups(layout.replica_cores[:16], topo, 8)
+  assert explicit.num_replicas == 32
+  assert [tuple(explicit.coordinates(r, 0)) for r in range(32)] == list(
+      layout.replica_cores)
 
 
 @pytest.mark.parametrize("assignment", TPU_DEVICE_ASSIGNMENTS)
 def test_replica_device_check_refuses_devices_that_break_the_groups(
     assignment):
-  topo = topology.simulated_topology("v3-32")
+  topo = simulated_topology("v3-32")
   layout = tpu_layout.slice_layout(topo, 4, assignment)
   explicit = tpu_layout.device_assignment(topo, layout)
   names = [explicit.tpu_device(r, job="worker")
@@ -183,7 +181,7 @@ class _FakeTPUStrategy:
 @pytest.mark.parametrize("assignment", TPU_DEVICE_ASSIGNMENTS)
 def test_tpu_strategy_uses_the_assignment_and_returns_its_bn_groups(
     monkeypatch, assignment):
-  topo = topology.simulated_topology("v3-128")
+  topo = simulated_topology("v3-128")
   monkeypatch.setattr(tf.distribute.cluster_resolver, "TPUClusterResolver",
                       lambda tpu: "resolver")
   monkeypatch.setattr(tf.config, "experimental_connect_to_cluster",
@@ -209,7 +207,7 @@ def test_layout_log_shows_every_replica_and_its_group(monkeypatch,
   lines = []
   monkeypatch.setattr(logging, "info",
                       lambda fmt, *args: lines.append(fmt % args))
-  topo = topology.simulated_topology("v3-8")
+  topo = simulated_topology("v3-8")
   tpu_layout.tpu_device_assignment(topo, assignment, 4, log_topology=True)
   assert lines[0].startswith(
       "BN groups of 4 replicas on tiles of 2x1x1 chips (assignment: "
@@ -225,7 +223,7 @@ def test_layout_log_shows_every_replica_and_its_group(monkeypatch,
 
 
 def test_layout_log_shows_both_groups_of_a_chip_with_groups_of_one():
-  layout = tpu_layout.slice_layout(topology.simulated_topology("v3-8"), 1)
+  layout = tpu_layout.slice_layout(simulated_topology("v3-8"), 1)
   assert "0,1[0,1]" in tpu_layout.format_layout(layout).split()
 
 
@@ -233,21 +231,19 @@ def test_layout_log_shows_both_groups_of_a_chip_with_groups_of_one():
 @pytest.mark.parametrize("name,group_size", [
     ("v3-8", 0), ("v3-8", 3), ("v3-8", 16), ("v4-32", 6)])
 def test_untileable_group_sizes_name_the_flag(name, group_size, assignment):
-  topo = topology.simulated_topology(name)
+  topo = simulated_topology(name)
   with pytest.raises(ValueError, match=f"--bn_group_size={group_size} "):
     tpu_layout.slice_layout(topo, group_size, assignment)
-  with pytest.raises(ValueError, match=f"--bn_group_size={group_size} "):
-    tpu_layout.bn_groups(_all_cores(topo), topo, group_size)
 
 
 def test_unknown_device_assignment_names_the_flag():
   with pytest.raises(ValueError, match="--tpu_device_assignment"):
-    tpu_layout.slice_layout(topology.simulated_topology("v3-8"), 4, "snake")
+    tpu_layout.slice_layout(simulated_topology("v3-8"), 4, "snake")
 
 
 def test_unknown_slice_name_is_refused():
   with pytest.raises(ValueError, match="v5-8"):
-    topology.simulated_topology("v5-8")
+    simulated_topology("v5-8")
 
 
 def test_real_topology_with_non_box_hosts_is_refused():

@@ -2,9 +2,9 @@
 
 Distributed BN (§3.1) sums per-channel statistics over a small group of
 replicas; on TPU that sum is a CrossReplicaSum whose `group_assignment`
-lists the replica ids of each group. `bn_groups` takes them from the chip
-coordinates of the replicas in the device assignment actually used, so each
-group is a compact tile (topology.py's `tile_shape`) under either
+lists the replica ids of each group. `slice_layout` takes them from the
+chip coordinates of the replicas in the device assignment actually used, so
+each group is a compact tile (topology.py's `tile_shape`) under either
 `--tpu_device_assignment`:
 
   default  TensorFlow's own: TPUStrategy without
@@ -83,36 +83,6 @@ def ring_replica_cores(topology: Topology, group_size: int
   return tuple(chip + (core,)
                for chip in topology_lib.ring_chip_order(mesh, tile)
                for core in range(cores_per_chip))
-
-
-def bn_groups(replicas: DeviceAssignment | Sequence[Core],
-              topology: Topology, group_size: int) -> list[list[int]]:
-  """BN groups of `group_size` replicas, each the replicas on one tile.
-
-  `replicas` is a DeviceAssignment of one core per replica, or the
-  (x, y, z, core) of each replica; it must use every core of the slice.
-  Returns the CrossReplicaSum group_assignment, sorted (module docstring).
-  """
-  cores = _cores_of(replicas)
-  if sorted(cores) != sorted(default_replica_cores(topology)):
-    raise ValueError(f"The {len(cores)} replicas must run on the "
-                     f"{topology.num_tasks * topology.num_tpus_per_task} "
-                     "cores of the TPU slice, one each.")
-  mesh, cores_per_chip = _mesh(topology)
-  tile = topology_lib.tile_shape(mesh, cores_per_chip,
-                                 topology_lib.host_box_of(topology),
-                                 group_size)
-  return _tile_groups(cores, tile, min(group_size, cores_per_chip))
-
-
-def _cores_of(replicas: DeviceAssignment | Sequence[Core]
-              ) -> tuple[Core, ...]:
-  if isinstance(replicas, DeviceAssignment):
-    if replicas.num_cores_per_replica != 1:
-      raise ValueError("BN groups need one TPU core per replica, got "
-                       f"{replicas.num_cores_per_replica}.")
-    replicas = replicas.core_assignment[:, 0, :]
-  return tuple(tuple(int(v) for v in core) for core in replicas)
 
 
 def _tile_groups(cores: Sequence[Core], tile: Chip,
