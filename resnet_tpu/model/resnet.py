@@ -17,9 +17,10 @@ LRs taken from tensorflow/tpu mean the same here only with its init.
 
 Every BatchNormalization is a DistributedBatchNormalization (§3.1). Input
 normalisation happens inside the model, so the input pipeline and the
-exported SavedModel both feed raw 0..255 pixels. Under the `mixed_bfloat16`
-policy convs and activations run in bfloat16 (on CPUs without bfloat16
-arithmetic, through float32 kernels: resnet_tpu/model/bfloat16_convs.py); BN
+exported SavedModel both feed raw 0..255 pixels. With --precision=bfloat16,
+`dtype_policy` builds the model under Keras's `mixed_bfloat16` policy, so
+convs and activations run in bfloat16 as in Ying et al. §3 (on CPUs without
+bfloat16 arithmetic, through float32 kernels: bfloat16_convs.py); BN
 statistics and the logits stay in float32.
 """
 import contextlib
