@@ -118,11 +118,6 @@ def test_auto_widens_only_on_cpus_without_bfloat16(setting, devices,
                                             native_cpu) is expected
 
 
-def test_bad_setting_names_the_flag():
-  with pytest.raises(ValueError, match="--bfloat16_conv_kernels"):
-    bfloat16_convs.use_float32_kernels("fp32", ["CPU"])
-
-
 def test_native_bfloat16_cpu_flags():
   assert bfloat16_convs.cpu_has_native_bfloat16(frozenset({"amx_bf16"}))
   assert bfloat16_convs.cpu_has_native_bfloat16(frozenset({"avx512_bf16"}))

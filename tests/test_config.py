@@ -114,6 +114,15 @@ def test_the_ranges_of_the_issue_hold():
   assert not ranges["label_smoothing"].contains(1.5)
 
 
+@pytest.mark.parametrize("name", sorted(config_lib.CHOICES))
+def test_each_enum_outside_its_choices_fails_naming_its_flag(name):
+  """The one place choices are checked: the library trusts a validated
+  config (the BN layer and LARS, public outside a run, keep guards)."""
+  with pytest.raises(ValueError, match=f"--{name} must be one of"):
+    validate(_config(**{name: "not-a-choice" if name != "resnet_depth"
+                        else 7}))
+
+
 def test_the_enum_choices_are_the_model_depths_and_the_flag_enums():
   from resnet_tpu.model.resnet import LAYERS  # pylint: disable=g-import-not-at-top
   assert tuple(LAYERS) == config_lib.RESNET_DEPTHS

@@ -148,9 +148,6 @@ def test_gradient_all_reduce_options_name_their_flags():
   assert gradient_all_reduce.default_grid(7) == (7, 1)
   with pytest.raises(ConfigError, match="--all_reduce_grid"):
     parse_grid("4by2")
-  with pytest.raises(ValueError, match="--gradient_all_reduce"):
-    gradient_all_reduce.use_gradient_all_reduce(keras.optimizers.SGD(),
-                                                "tree")
 
 
 # --- the collectives each replica runs, phase by phase ------------------------

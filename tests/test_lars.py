@@ -190,10 +190,3 @@ def test_build_optimizer_lars_decays_in_the_update_momentum_in_the_loss():
   assert isinstance(sgd, keras.optimizers.SGD)
   assert (sgd.momentum, sgd.nesterov, sgd.weight_decay) == (0.8, True, None)
   assert weight_decay_in_loss("momentum")
-
-
-def test_unknown_optimizer_names_the_flag():
-  with pytest.raises(ValueError, match="--optimizer"):
-    build_optimizer("adam", 0.1)
-  with pytest.raises(ValueError, match="--optimizer"):
-    weight_decay_in_loss("adam")

@@ -62,12 +62,6 @@ def test_bfloat16_policy_keeps_logits_float32():
   assert out.dtype == "float32"
 
 
-@pytest.mark.parametrize("depth,size", [(7, 224), (50, 16)])
-def test_bad_depth_or_image_size_is_a_clear_error(depth, size):
-  with pytest.raises(ValueError, match="resnet_depth|image_size"):
-    build_resnet(depth, 10, size)
-
-
 def test_v1_layout_downsamples_in_the_first_1x1_conv_as_keras_does():
   model = build_resnet(50, 1000, 224, stride_in_3x3=False)
   for stage in (2, 3, 4):

@@ -166,11 +166,9 @@ def test_parse_batch_size_schedule_names_the_flag_on_bad_input(text):
 
 
 @pytest.mark.parametrize("kwargs,flag", [
-    ({"decay": "linear"}, "--lr_schedule"),
     ({"decay": "polynomial", "train_epochs": 2}, "--train_epochs"),
     ({"decay": "cosine", "warmup_epochs": -1}, "--warmup_epochs"),
     ({"decay": "step", "warmup_epochs": 30}, "--warmup_epochs"),
-    ({"decay": "cosine", "scaling": "sqrt"}, "--learning_rate_scaling"),
     ({"decay": "polynomial", "end_learning_rate": -1.0},
      "--end_learning_rate"),
 ])

@@ -236,11 +236,6 @@ def test_untileable_group_sizes_name_the_flag(name, group_size, assignment):
     tpu_layout.slice_layout(topo, group_size, assignment)
 
 
-def test_unknown_device_assignment_names_the_flag():
-  with pytest.raises(ValueError, match="--tpu_device_assignment"):
-    tpu_layout.slice_layout(simulated_topology("v3-8"), 4, "snake")
-
-
 def test_unknown_slice_name_is_refused():
   with pytest.raises(ValueError, match="v5-8"):
     simulated_topology("v5-8")

@@ -28,7 +28,6 @@ import dataclasses
 
 import tensorflow as tf
 
-from resnet_tpu.config import RESIZE_METHODS
 
 # 224 / (224 + 32): tensorflow/tpu's eval crop at 224 px.
 EVAL_CROP_FRACTION = 0.875
@@ -54,20 +53,6 @@ class CropOptions:
   train_crop_min_area: float = AREA_RANGE[0]
   train_crop_max_aspect: float = ASPECT_RATIO_RANGE[1]
   train_resize_method: str = "bilinear"
-
-  def __post_init__(self):
-    if not 0.0 < self.eval_crop_fraction <= 1.0:
-      raise ValueError("--eval_crop_fraction must be in (0, 1], got "
-                       f"{self.eval_crop_fraction}.")
-    if not 0.0 < self.train_crop_min_area <= 1.0:
-      raise ValueError("--train_crop_min_area must be in (0, 1], got "
-                       f"{self.train_crop_min_area}.")
-    if self.train_crop_max_aspect < 1.0:
-      raise ValueError("--train_crop_max_aspect must be >= 1, got "
-                       f"{self.train_crop_max_aspect}.")
-    if self.train_resize_method not in RESIZE_METHODS:
-      raise ValueError(f"--train_resize_method must be one of "
-                       f"{RESIZE_METHODS}, got {self.train_resize_method!r}.")
 
 
 def _window(offset: tf.Tensor, size: tf.Tensor) -> tf.Tensor:

@@ -30,7 +30,6 @@ from keras import ops
 import tensorflow as tf
 
 from resnet_tpu.runtime import cpu_kernels
-from resnet_tpu.config import BFLOAT16_CONV_KERNELS
 
 # /proc/cpuinfo flags of CPUs whose bfloat16 kernels TensorFlow runs natively
 # (x86 AVX512-BF16 and AMX via oneDNN; aarch64 BF16 via oneDNN/ACL).
@@ -61,9 +60,6 @@ def model_device_types() -> list[str]:
 def use_float32_kernels(setting: str, device_types: Sequence[str],
                         native_cpu: bool | None = None) -> bool:
   """Resolves --bfloat16_conv_kernels for devices of `device_types`."""
-  if setting not in BFLOAT16_CONV_KERNELS:
-    raise ValueError(f"--bfloat16_conv_kernels must be one of "
-                     f"{BFLOAT16_CONV_KERNELS}, got {setting!r}.")
   if setting != "auto":
     return setting == "float32"
   if native_cpu is None:

@@ -33,7 +33,6 @@ import keras
 from resnet_tpu.model import bfloat16_convs
 
 from resnet_tpu.model.bfloat16_convs import Conv2D
-from resnet_tpu.config import MIN_IMAGE_SIZE
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.model.distributed_batch_norm import DistributedBatchNormalization
 
@@ -162,12 +161,6 @@ def build_resnet(depth: int = 50, num_classes: int = 1000,
   bn_all_reduce, collective_timeout_s and bn_groups configure the BN groups'
   all-reduce (bn_all_reduce.py).
   """
-  if depth not in LAYERS:
-    raise ValueError(f"--resnet_depth must be one of {sorted(LAYERS)}, "
-                     f"got {depth}.")
-  if image_size < MIN_IMAGE_SIZE:
-    raise ValueError(f"--image_size={image_size} is too small: ResNet "
-                     f"downsamples by 32, so it needs >= {MIN_IMAGE_SIZE}.")
   kind, blocks = LAYERS[depth]
   if kind == "bottleneck":
     block = functools.partial(bottleneck_block, stride_in_3x3=stride_in_3x3,

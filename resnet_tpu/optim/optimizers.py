@@ -15,7 +15,6 @@ import keras
 
 from resnet_tpu.parallel import gradient_all_reduce as gradient_all_reduce_lib
 from resnet_tpu.clock import EpochClock
-from resnet_tpu.config import OPTIMIZERS
 from resnet_tpu.config import parse_grid
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.optim.lars import DEFAULT_EXCLUDE, LARS
@@ -24,14 +23,8 @@ from resnet_tpu.optim.schedules import EpochSchedule
 
 
 
-def _check_name(name: str) -> None:
-  if name not in OPTIMIZERS:
-    raise ValueError(f"--optimizer must be one of {OPTIMIZERS}, got {name!r}")
-
-
 def weight_decay_in_loss(name: str) -> bool:
   """Whether the trainer adds weight decay to the loss as an L2 term."""
-  _check_name(name)
   return name != "lars"
 
 
@@ -87,7 +80,6 @@ def build_optimizer(
     collective_timeout_s: fail an explicit gradient all-reduce that waits
       longer (0 = never).
   """
-  _check_name(name)
   if name == "momentum":
     optimizer = keras.optimizers.SGD(learning_rate, momentum=momentum,
                                      nesterov=nesterov)
@@ -96,7 +88,7 @@ def build_optimizer(
                      weight_decay_rate=weight_decay, eta=lars_eta,
                      epsilon=lars_epsilon,
                      exclude_from_adaptation=lars_exclude)
-  else:
+  else:  # rmsprop_warmup (config.validate checks the name)
     optimizer = _rmsprop_warmup(
         learning_rate, momentum, nesterov, rmsprop_learning_rate, rmsprop_rho,
         rmsprop_epsilon, rmsprop_warmup_center_epochs,

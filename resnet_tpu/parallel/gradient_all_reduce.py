@@ -25,7 +25,6 @@ import tensorflow as tf
 
 from resnet_tpu.runtime import compat
 from resnet_tpu.parallel import replica_groups
-from resnet_tpu.config import GRADIENT_ALL_REDUCE
 
 Grid = tuple[int, int]
 
@@ -193,9 +192,6 @@ def use_gradient_all_reduce(optimizer: keras.optimizers.Optimizer,
   "auto" keeps Keras's summation. Any other algorithm replaces it for this
   optimizer object, whatever its update rule.
   """
-  if algorithm not in GRADIENT_ALL_REDUCE:
-    raise ValueError(f"--gradient_all_reduce must be one of "
-                     f"{GRADIENT_ALL_REDUCE}, got {algorithm!r}.")
   if algorithm != "auto":
     compat.replace_gradient_summation(
         optimizer, GradientSummation(algorithm, grid, timeout_seconds))

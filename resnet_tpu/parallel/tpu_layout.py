@@ -39,7 +39,6 @@ import tensorflow as tf
 
 from resnet_tpu.parallel import topology as topology_lib
 from resnet_tpu.parallel.topology import Chip, Core, box_text
-from resnet_tpu.config import TPU_DEVICE_ASSIGNMENTS
 
 Topology = tf.tpu.experimental.Topology
 DeviceAssignment = tf.tpu.experimental.DeviceAssignment
@@ -104,9 +103,6 @@ def _mesh(topology: Topology) -> tuple[Chip, int]:
 def slice_layout(topology: Topology, group_size: int,
                  assignment: str = "default") -> SliceLayout:
   """Replica cores and BN groups under `assignment`, one core per replica."""
-  if assignment not in TPU_DEVICE_ASSIGNMENTS:
-    raise ValueError(f"--tpu_device_assignment must be one of "
-                     f"{TPU_DEVICE_ASSIGNMENTS}, got {assignment!r}.")
   mesh, cores_per_chip = _mesh(topology)
   host_box = topology_lib.host_box_of(topology)
   tile = topology_lib.tile_shape(mesh, cores_per_chip, host_box, group_size)

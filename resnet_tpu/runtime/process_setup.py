@@ -23,7 +23,6 @@ import glob
 import os
 import sys
 
-from resnet_tpu.config import CPU_ONEDNN
 from resnet_tpu.runtime.cpu_kernels import ONEDNN_ENV
 
 LOG_LEVEL_ENV = "TF_CPP_MIN_LOG_LEVEL"
@@ -71,10 +70,10 @@ def quiet_tensorflow_logs(environ: MutableMapping[str, str] = os.environ,
 def startup_kind(strategy: str, tpu: str,
                  environ: Mapping[str, str] = os.environ,
                  device_files: Sequence[str] = NVIDIA_DEVICE_FILES) -> str:
-  """The strategy kind of --strategy/--tpu, decided before TensorFlow loads.
-
-  strategy.resolve_kind's order, with an NVIDIA device file standing for
-  the GPUs TensorFlow would list.
+  """The strategy kind of --strategy/--tpu, decided once, before TensorFlow
+  loads (main.py, the accelerator check and preflight.resolve call it):
+  tpu if --tpu names one, multi_worker under TF_CONFIG, gpu where an
+  NVIDIA GPU is visible, else cpu.
   """
   if strategy != "auto":
     return strategy
@@ -99,9 +98,6 @@ def onednn_value(choice: str, kind: str) -> str | None:
 
   None leaves TensorFlow's own default.
   """
-  if choice not in CPU_ONEDNN:
-    raise ValueError(f"--cpu_onednn must be one of {CPU_ONEDNN}, "
-                     f"got {choice!r}.")
   if choice == "auto":
     return "1" if cpu_tunings_apply(kind) else None
   return "1" if choice == "on" else "0"
