@@ -9,6 +9,7 @@ TensorFlow loads only after `set_up_process` has chosen its C++ log level
 and CPU kernels (resnet_tpu/runtime/process_setup.py), which it reads once, when it
 loads: the flags and the config they fill import no TensorFlow.
 """
+import dataclasses
 import sys
 
 from absl import app
@@ -24,15 +25,16 @@ resnet_flags.define_flags()
 FLAGS = flags.FLAGS
 
 
-def set_up_process() -> str:
-  """Chooses TensorFlow's logs, CPU kernels and TPU runtime from the parsed
-  flags, before TensorFlow loads; says what it chose."""
+def set_up_process() -> tuple[str, str]:
+  """Decides the strategy kind, and chooses TensorFlow's logs, CPU kernels
+  and TPU runtime for it, before TensorFlow loads; returns the kind and
+  what it chose for the kernels."""
   process_setup.quiet_tensorflow_logs()
   kind = process_setup.startup_kind(FLAGS.strategy, FLAGS.tpu)
   runtime = tpu_runtime.apply(FLAGS.tpu_runtime, kind)
   if runtime:
     logging.info("%s", runtime)
-  return process_setup.apply_cpu_kernel_choice(FLAGS.cpu_onednn, kind)
+  return kind, process_setup.apply_cpu_kernel_choice(FLAGS.cpu_onednn, kind)
 
 
 def main(argv: list[str], model_fn=None) -> None:
@@ -41,7 +43,7 @@ def main(argv: list[str], model_fn=None) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   try:
-    chosen = set_up_process()
+    kind, chosen = set_up_process()
   except ConfigError as error:
     sys.exit(f"main.py: error: {error}")
   # pylint: disable=g-import-not-at-top  (after set_up_process)
@@ -55,7 +57,8 @@ def main(argv: list[str], model_fn=None) -> None:
                "yes" if cpu_kernels.onednn_enabled() else "no")
   # tf.distribute logs every collective it builds at INFO; keep ours readable.
   tf.get_logger().setLevel("WARNING")
-  cfg = resnet_flags.config_from_flags(FLAGS)
+  cfg = dataclasses.replace(resnet_flags.config_from_flags(FLAGS),
+                            strategy=kind)
   try:
     result = run(cfg, model_fn=model_fn)
   except ConfigError as error:  # a user error: its message, no traceback

@@ -127,6 +127,19 @@ class TrainConfig:
   # Export.
   export_dir: str = ""
 
+  @classmethod
+  def tiny(cls, model_dir: str, **overrides) -> "TrainConfig":
+    """A run of seconds on CPU replicas, for tests, demos and checks (as
+    big_vision's runlocal): ResNet-18 at 32 px, 10 classes, 2 replicas of 4
+    images, 2 steps in one host loop, 1,000 images an epoch, a constant LR
+    without warm-up. `overrides` set any field by name."""
+    values = dict(
+        model_dir=model_dir, resnet_depth=18, num_classes=10, image_size=32,
+        strategy="cpu", num_cpu_replicas=2, global_batch_size=8,
+        eval_batch_size=8, train_steps=2, steps_per_loop=2,
+        num_train_images=1000, lr_schedule="constant", warmup_epochs=0.0)
+    return cls(**{**values, **overrides})
+
   @property
   def clock(self) -> EpochClock:
     """Maps steps to epochs and global batches (batch-size control)."""

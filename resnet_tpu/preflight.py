@@ -23,6 +23,7 @@ here the data and the model_dir are opened:
 Every read here goes through tf.io.gfile alone: MultiWorkerMirroredStrategy
 can configure its collectives only before TensorFlow's runtime starts.
 """
+import dataclasses
 import json
 import os
 import time
@@ -36,6 +37,7 @@ from resnet_tpu.inputs import input_pipeline
 from resnet_tpu.inputs import manifest
 from resnet_tpu.inputs import shard_audit
 from resnet_tpu.optim import schedules
+from resnet_tpu.runtime import process_setup
 from resnet_tpu.config import CONFIG_FILE
 from resnet_tpu.config import ConfigError
 from resnet_tpu.config import TrainConfig
@@ -177,6 +179,16 @@ def check_manifest(cfg: TrainConfig) -> None:
         + (f"; and {more} more" if more > 0 else "")
         + f". A partial copy? `{verify}` checks every record; copy the "
         "files again, or rebuild them (data/build_tfrecords.py).")
+
+
+def resolve(cfg: TrainConfig) -> TrainConfig:
+  """`cfg` with what comes from the host and the data filled in: the
+  strategy kind (process_setup.startup_kind, decided once) and the images
+  of an epoch. After it no property of the config raises, and nothing
+  reads --strategy=auto or --num_train_images=0 again."""
+  return dataclasses.replace(
+      cfg, strategy=process_setup.startup_kind(cfg.strategy, cfg.tpu),
+      num_train_images=num_train_images(cfg))
 
 
 def num_train_images(cfg: TrainConfig) -> int:

@@ -21,7 +21,7 @@ from resnet_tpu.inputs import shard_audit
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.parallel.strategy import configure_cpu_replicas
 from resnet_tpu.parallel.strategy import create_strategy
-from resnet_tpu.parallel.strategy import resolve_kind
+from resnet_tpu.parallel.strategy import Distribution
 from resnet_tpu.train.trainer import LoopCallback
 from resnet_tpu.train.trainer import ModelFn
 from resnet_tpu.train.trainer import Trainer
@@ -55,20 +55,26 @@ def num_eval_examples(cfg: TrainConfig) -> int:
 
 
 def run(cfg: TrainConfig, model_fn: ModelFn | None = None,
-        loop_callback: LoopCallback | None = None) -> dict:
+        loop_callback: LoopCallback | None = None,
+        distribution: Distribution | None = None) -> dict:
   """Validates `cfg`, trains, evaluates and exports; returns the last eval.
 
   Writes <model_dir>/config.json (config.write_config) once the trainer is
   built and, when cfg.export_dir is set, a SavedModel of the final
   checkpoint last.
   model_fn and loop_callback: see Trainer (tests and tools train other
-  networks or watch the loops through them).
+  networks or watch the loops through them). `distribution`: an already
+  built strategy of cfg's kind (tests); None builds it (create_strategy).
   """
-  kind = resolve_kind(cfg.strategy, cfg.tpu)
-  cpu = kind == "cpu"
-  config_lib.validate(cfg, cfg.num_cpu_replicas if cpu else None)
+  # The strategy kind, decided once (before TensorFlow loads, in main.py).
+  cfg = dataclasses.replace(
+      cfg, strategy=process_setup.startup_kind(cfg.strategy, cfg.tpu))
+  kind = cfg.strategy
+  build_cpu_replicas = kind == "cpu" and distribution is None
+  config_lib.validate(cfg, cfg.num_cpu_replicas if build_cpu_replicas
+                      else None)
   device_check.require_accelerator(kind)
-  if cpu:
+  if build_cpu_replicas:
     # Virtual devices must exist before anything (the pre-flight reads
     # below) starts TensorFlow's runtime.
     configure_cpu_replicas(cfg.num_cpu_replicas)
@@ -76,8 +82,7 @@ def run(cfg: TrainConfig, model_fn: ModelFn | None = None,
   if not cfg.use_synthetic_data:
     preflight.check_data_dir(cfg)
     preflight.check_manifest(cfg)
-  cfg = dataclasses.replace(cfg,
-                            num_train_images=preflight.num_train_images(cfg))
+  cfg = preflight.resolve(cfg)
   schedules.validate_schedule(cfg.lr_schedule, cfg.warmup_epochs,
                               cfg.total_train_epochs,
                               cfg.learning_rate_scaling, cfg.end_learning_rate)
@@ -86,8 +91,8 @@ def run(cfg: TrainConfig, model_fn: ModelFn | None = None,
   for note in preflight.input_notes(cfg):
     logging.info("Note: %s", note)
   tf.keras.utils.set_random_seed(cfg.seed)
-  distribution = create_strategy(
-      cfg.strategy, cfg.tpu, cfg.num_cpu_replicas,
+  distribution = distribution or create_strategy(
+      kind, cfg.tpu, cfg.num_cpu_replicas,
       bn_group_size=cfg.bn_group_size, log_topology=cfg.log_topology,
       tpu_device_assignment=cfg.tpu_device_assignment,
       collective_timeout_s=cfg.collective_timeout_s)

@@ -27,13 +27,12 @@ NUM_CLASSES = 10
 
 def config(model_dir: str, **overrides) -> TrainConfig:
   """ResNet-18 at 32 px, 4 replicas of 2 images, BN groups of 2."""
-  return TrainConfig(**overrides,
-      model_dir=model_dir, use_synthetic_data=True, resnet_depth=18,
-      num_classes=NUM_CLASSES, image_size=IMAGE_SIZE, bn_group_size=2,
-      global_batch_size=GLOBAL_BATCH, train_steps=STEPS,
-      steps_per_loop=STEPS, num_train_images=GLOBAL_BATCH * STEPS,
-      base_learning_rate=8.0, lr_schedule="constant", warmup_epochs=0.0,
-      keep_checkpoints=1)
+  return TrainConfig.tiny(model_dir, **{
+      "use_synthetic_data": True, "num_classes": NUM_CLASSES,
+      "image_size": IMAGE_SIZE, "bn_group_size": 2,
+      "global_batch_size": GLOBAL_BATCH, "train_steps": STEPS,
+      "steps_per_loop": STEPS, "num_train_images": GLOBAL_BATCH * STEPS,
+      "base_learning_rate": 8.0, "keep_checkpoints": 1, **overrides})
 
 
 def replica_slices_dataset_fn(ctx: tf.distribute.InputContext

@@ -32,14 +32,10 @@ CLASSES = 10
 
 
 def _config(tmp_path, data_dir="", **overrides) -> TrainConfig:
-  values = dict(model_dir=str(tmp_path / "model"), data_dir=str(data_dir),
-                use_synthetic_data=not data_dir, strategy="cpu",
-                num_cpu_replicas=2, resnet_depth=18, num_classes=CLASSES,
-                image_size=32, global_batch_size=8, eval_batch_size=8,
-                train_steps=4, steps_per_loop=4, num_train_images=32,
-                lr_schedule="constant", warmup_epochs=0.0)
-  values.update(overrides)
-  return TrainConfig(**values)
+  return TrainConfig.tiny(str(tmp_path / "model"), **{
+      "data_dir": str(data_dir), "use_synthetic_data": not data_dir,
+      "num_classes": CLASSES, "train_steps": 4, "steps_per_loop": 4,
+      "num_train_images": 32, **overrides})
 
 
 def _no_strategy(*args, **kwargs):
@@ -189,9 +185,7 @@ def _broken_jpegs() -> dict[str, bytes]:
 
 
 def test_unusable_examples_are_counted_and_skipped_not_a_crash(
-    tmp_path, monkeypatch, caplog):
-  monkeypatch.setattr(run_lib, "create_strategy",
-                      lambda *args, **kwargs: Distribution(cpu_strategy(2)))
+    tmp_path, caplog):
   write_random_split(tmp_path, "validation", 8, 1)
   good = [imagenet_to_gcs_record(1 + i % CLASSES, _jpeg(i))
           for i in range(28)]
@@ -200,7 +194,8 @@ def test_unusable_examples_are_counted_and_skipped_not_a_crash(
   _write(tmp_path / "train-00001-of-00002", bad[2:] + good[14:])
   # 4 steps of 8 read the 32 records exactly once.
   run_lib.run(_config(tmp_path, tmp_path, shuffle_buffer_size=32),
-              model_fn=tiny_resnet)
+              model_fn=tiny_resnet,
+              distribution=Distribution(cpu_strategy(2)))
   train = [r for r in read_metrics(tmp_path / "model")
            if r["split"] == "train"]
   assert sum(r["unusable_examples"] for r in train) == len(bad)
@@ -257,9 +252,7 @@ def test_an_unparseable_record_is_one_weight_0_example_its_batch_intact(
 
 
 def test_an_unparseable_record_in_a_run_is_counted_in_metrics_naming_it(
-    tmp_path, monkeypatch, caplog):
-  monkeypatch.setattr(run_lib, "create_strategy",
-                      lambda *args, **kwargs: Distribution(cpu_strategy(2)))
+    tmp_path, caplog):
   write_random_split(tmp_path, "validation", 8, 1)
   records = [imagenet_to_gcs_record(1 + i, _jpeg(i)) for i in range(8)]
   records[5] = _unparseable_records()["no label"]
@@ -268,7 +261,8 @@ def test_an_unparseable_record_in_a_run_is_counted_in_metrics_naming_it(
   with caplog.at_level(logging.WARNING):
     run_lib.run(_config(tmp_path, tmp_path, train_steps=1, steps_per_loop=1,
                         num_train_images=8, shuffle_buffer_size=8),
-                model_fn=tiny_resnet)
+                model_fn=tiny_resnet,
+                distribution=Distribution(cpu_strategy(2)))
   train = [r for r in read_metrics(tmp_path / "model")
            if r["split"] == "train"]
   assert [(r["unusable_examples"], r["examples"]) for r in train] == [(1, 7)]

@@ -6,11 +6,14 @@ import logging
 
 import pytest
 
+from conftest import cpu_strategy
 from resnet_tpu import preflight
 from resnet_tpu import run as run_lib
 from resnet_tpu.optim import schedules
 from resnet_tpu.config import ConfigError
 from resnet_tpu.config import TrainConfig
+from resnet_tpu.runtime import process_setup
+from resnet_tpu.train.trainer import Trainer
 import damaged_shards
 
 
@@ -113,3 +116,23 @@ def test_small_images_with_the_imagenet_crop_get_one_note(image_size,
   if noted:
     assert f"--image_size={image_size}" in notes[0]
     assert "--train_crop_min_area" in notes[0]
+
+
+def test_resolve_fills_the_strategy_kind_and_the_epoch_from_host_and_data(
+    tmp_path):
+  damaged_shards.write_shards(tmp_path, per_file=5)
+  cfg = _config(tmp_path, strategy="auto")
+  with pytest.raises(ValueError, match="images_per_epoch"):
+    cfg.clock  # pylint: disable=pointless-statement
+  resolved = preflight.resolve(cfg)
+  assert resolved.strategy == process_setup.startup_kind("auto", "")
+  assert resolved.strategy != "auto"
+  assert resolved.num_train_images == 10
+  assert resolved.total_train_epochs == pytest.approx(
+      resolved.global_batch_size / 10)
+  assert preflight.resolve(resolved) == resolved  # once is enough
+
+
+def test_a_trainer_of_an_unresolved_config_says_what_to_do():
+  with pytest.raises(ValueError, match="resolve the config first"):
+    Trainer(_config(), cpu_strategy(1))

@@ -1,6 +1,6 @@
 """resnet_tpu/runtime/process_setup.py: TensorFlow's C++ start-up logs quieted, the
 project's absl warnings kept, the user's TF_CPP_MIN_LOG_LEVEL first, and the
-strategy kind decided before TensorFlow loads as strategy.resolve_kind does."""
+strategy kind decided once, before TensorFlow loads."""
 import os
 import subprocess
 import sys

@@ -53,10 +53,10 @@ def data_dir(tmp_path_factory):
   return str(path)
 
 
-@pytest.fixture(autouse=True)
-def _on_2_cpus(monkeypatch):
-  monkeypatch.setattr(run_lib, "create_strategy",
-                      lambda *args, **kwargs: Distribution(cpu_strategy(2)))
+def _run(cfg, **kwargs):
+  """run.run on 2 CPU replicas."""
+  return run_lib.run(cfg, model_fn=tiny_resnet,
+                     distribution=Distribution(cpu_strategy(2)), **kwargs)
 
 
 def _config(model_dir, data_dir) -> TrainConfig:
@@ -100,14 +100,14 @@ def _without_timing(records: list[dict]) -> list[dict]:
 def test_preempted_and_resumed_run_equals_uninterrupted_run(
     tmp_path, data_dir):
   whole = tmp_path / "uninterrupted"
-  run_lib.run(_config(whole, data_dir), model_fn=tiny_resnet)
+  _run(_config(whole, data_dir))
 
   split = tmp_path / "preempted"
   with pytest.raises(preemption.Preempted, match=f"step {PREEMPT_AT}/"):
-    run_lib.run(_config(split, data_dir), model_fn=tiny_resnet,
-                loop_callback=_sigterm_after_step(PREEMPT_AT))
+    _run(_config(split, data_dir),
+         loop_callback=_sigterm_after_step(PREEMPT_AT))
   assert tf.train.latest_checkpoint(split).endswith(f"ckpt-{PREEMPT_AT}")
-  run_lib.run(_config(split, data_dir), model_fn=tiny_resnet)
+  _run(_config(split, data_dir))
 
   expected, got = _checkpoint_values(whole), _checkpoint_values(split)
   assert sorted(got) == sorted(expected)

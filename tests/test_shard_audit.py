@@ -200,12 +200,10 @@ def _corrupt_run(tmp_path, **overrides) -> tuple[TrainConfig, str]:
   return cfg, path
 
 
-def test_a_run_counts_lost_records_in_metrics_and_trains_on(tmp_path,
-                                                             monkeypatch):
-  monkeypatch.setattr(run_lib, "create_strategy", lambda *a, **k:
-                      Distribution(cpu_strategy(2)))
+def test_a_run_counts_lost_records_in_metrics_and_trains_on(tmp_path):
   cfg, _ = _corrupt_run(tmp_path)
-  run_lib.run(cfg, model_fn=tiny_resnet)
+  run_lib.run(cfg, model_fn=tiny_resnet,
+              distribution=Distribution(cpu_strategy(2)))
   train = [r for r in read_metrics(cfg.model_dir) if r["split"] == "train"]
   assert [r["step"] for r in train] == [2, 4]  # trained on to the end
   # 4 of the damaged file's 6 records are lost in every pass read:
@@ -214,10 +212,8 @@ def test_a_run_counts_lost_records_in_metrics_and_trains_on(tmp_path,
   assert sum(r["examples"] + r["lost_records"] for r in train) == 16
 
 
-def test_on_corrupt_shard_fail_stops_the_run_naming_the_file(tmp_path,
-                                                              monkeypatch):
-  monkeypatch.setattr(run_lib, "create_strategy", lambda *a, **k:
-                      Distribution(cpu_strategy(2)))
+def test_on_corrupt_shard_fail_stops_the_run_naming_the_file(tmp_path):
   cfg, path = _corrupt_run(tmp_path, on_corrupt_shard="fail")
   with pytest.raises(shard_audit.CorruptShardError, match=path):
-    run_lib.run(cfg, model_fn=tiny_resnet)
+    run_lib.run(cfg, model_fn=tiny_resnet,
+                distribution=Distribution(cpu_strategy(2)))

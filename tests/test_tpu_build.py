@@ -128,12 +128,10 @@ def _traced_step(slice_name: str, depth: int, bn_group_size: int):
   and the trainer (graph mode: variables need no TPU)."""
   strategy, layout = simulated_tpu.tpu_strategy(slice_name, bn_group_size)
   replicas = strategy.num_replicas_in_sync
-  cfg = TrainConfig(
-      model_dir="unused", use_synthetic_data=True, resnet_depth=depth,
-      num_classes=10, image_size=32, global_batch_size=2 * replicas,
-      train_steps=1, num_train_images=1000, lr_schedule="constant",
-      warmup_epochs=0.0, bn_group_size=bn_group_size, precision="bfloat16",
-      bfloat16_conv_kernels="native")
+  cfg = TrainConfig.tiny(
+      "unused", strategy="tpu", use_synthetic_data=True, resnet_depth=depth,
+      global_batch_size=2 * replicas, bn_group_size=bn_group_size,
+      precision="bfloat16", bfloat16_conv_kernels="native")
   with tf.Graph().as_default() as graph:
     trainer = Trainer(cfg, strategy, bn_groups=layout.group_assignment)
     images = tf.compat.v1.placeholder(tf.float32, [2, 32, 32, 3])

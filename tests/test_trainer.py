@@ -18,15 +18,12 @@ CLASSES = 10
 
 
 def _config(tmp_path, **overrides) -> TrainConfig:
-  values = dict(model_dir=str(tmp_path), use_synthetic_data=True,
-                resnet_depth=18, num_classes=CLASSES, image_size=IMAGE,
-                global_batch_size=16, eval_batch_size=16, train_steps=1,
-                steps_per_loop=1, num_train_images=10_000,
-                lr_schedule="constant", warmup_epochs=0.0,
-                base_learning_rate=0.5, label_smoothing=0.1,
-                weight_decay=1e-3)
-  values.update(overrides)
-  return TrainConfig(**values)
+  return TrainConfig.tiny(str(tmp_path), **{
+      "use_synthetic_data": True, "num_classes": CLASSES,
+      "image_size": IMAGE, "global_batch_size": 16, "eval_batch_size": 16,
+      "train_steps": 1, "steps_per_loop": 1, "num_train_images": 10_000,
+      "base_learning_rate": 0.5, "label_smoothing": 0.1,
+      "weight_decay": 1e-3, **overrides})
 
 
 def _trainer(cfg, strategy, model_fn=tiny_resnet) -> trainer_lib.Trainer:

@@ -27,15 +27,12 @@ BATCH = 4
 
 def _config(tmp_path, **overrides) -> TrainConfig:
   """Label smoothing and L2 on (both in the loss of momentum SGD)."""
-  values = dict(model_dir=str(tmp_path), use_synthetic_data=True,
-                resnet_depth=18, num_classes=CLASSES, image_size=IMAGE,
-                global_batch_size=BATCH, eval_batch_size=BATCH,
-                train_steps=1, steps_per_loop=1, num_train_images=1000,
-                lr_schedule="constant", warmup_epochs=0.0,
-                base_learning_rate=0.1, label_smoothing=0.1,
-                weight_decay=1e-4)
-  values.update(overrides)
-  return TrainConfig(**values)
+  return TrainConfig.tiny(str(tmp_path), **{
+      "use_synthetic_data": True, "num_classes": CLASSES,
+      "image_size": IMAGE, "global_batch_size": BATCH,
+      "eval_batch_size": BATCH, "train_steps": 1, "steps_per_loop": 1,
+      "base_learning_rate": 0.1, "label_smoothing": 0.1,
+      "weight_decay": 1e-4, **overrides})
 
 
 def _batch(seed=0):

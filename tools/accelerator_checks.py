@@ -85,15 +85,12 @@ def full_float32():
 
 def config(model_dir: str, sizes: Sizes, **overrides) -> TrainConfig:
   """A synthetic one-step run of the check network (label smoothing, L2)."""
-  values = dict(model_dir=model_dir, use_synthetic_data=True,
-                resnet_depth=sizes.check_depth, num_classes=CHECK_CLASSES,
-                image_size=sizes.check_image_size, train_steps=1,
-                steps_per_loop=1, num_train_images=10_000,
-                lr_schedule="constant", warmup_epochs=0.0,
-                base_learning_rate=0.5, label_smoothing=0.1,
-                weight_decay=1e-3)
-  values.update(overrides)
-  return TrainConfig(**values)
+  return TrainConfig.tiny(model_dir, **{
+      "use_synthetic_data": True, "resnet_depth": sizes.check_depth,
+      "num_classes": CHECK_CLASSES, "image_size": sizes.check_image_size,
+      "train_steps": 1, "steps_per_loop": 1, "num_train_images": 10_000,
+      "base_learning_rate": 0.5, "label_smoothing": 0.1,
+      "weight_decay": 1e-3, **overrides})
 
 
 def _examples(n: int, image_size: int, seed: int = 0):

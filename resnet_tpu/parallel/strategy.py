@@ -90,25 +90,13 @@ def _tpu_strategy(tpu: str, bn_group_size: int, log_topology: bool,
   return Distribution(strategy, layout.group_assignment, slice_topology)
 
 
-def resolve_kind(kind: str, tpu: str) -> str:
-  """Turns `auto` into a concrete kind: tpu if named, else gpu, else cpu."""
-  if kind != "auto":
-    return kind
-  if tpu:
-    return "tpu"
-  if "TF_CONFIG" in os.environ:
-    return "multi_worker"
-  if tf.config.list_physical_devices("GPU"):
-    return "gpu"
-  return "cpu"
-
-
-def create_strategy(kind: str = "auto", tpu: str = "",
+def create_strategy(kind: str, tpu: str = "",
                     num_cpu_replicas: int = 1, bn_group_size: int = 1,
                     log_topology: bool = False,
                     tpu_device_assignment: str = "default",
                     collective_timeout_s: float = 0.0) -> Distribution:
-  """Builds the strategy for `--strategy`/`--tpu`/`--num_cpu_replicas`.
+  """Builds the strategy of `kind` (tpu, gpu, multi_worker or cpu: the
+  kind process_setup.startup_kind decided) for `--tpu`/`--num_cpu_replicas`.
 
   On TPU, `tpu_device_assignment` is TensorFlow's own ("default") or the
   torus ring, `bn_group_size` shapes the BN tiles and `log_topology` logs
@@ -116,7 +104,6 @@ def create_strategy(kind: str = "auto", tpu: str = "",
   multi-worker collective (0 = none): a worker that hangs while alive then
   stops the others instead of blocking them forever.
   """
-  kind = resolve_kind(kind, tpu)
   if kind == "tpu":
     distribution = _tpu_strategy(tpu or "local", bn_group_size, log_topology,
                                  tpu_device_assignment)
@@ -138,7 +125,8 @@ def create_strategy(kind: str = "auto", tpu: str = "",
     strategy = tf.distribute.MirroredStrategy(
         configure_cpu_replicas(num_cpu_replicas))
   else:
-    raise ValueError(f"Unknown --strategy={kind!r}.")
+    raise ValueError(f"create_strategy needs a concrete strategy kind "
+                     f"(process_setup.startup_kind), got {kind!r}.")
   _log(strategy, kind)
   return Distribution(strategy)
 

@@ -52,6 +52,10 @@ class Trainer:
     """model_fn: builds the network (default: model.build_model with
     `bn_groups`, the TPU placement's BN groups); loop_callback: called with
     every host loop's train record."""
+    if not cfg.num_train_images:
+      raise ValueError("TrainConfig.num_train_images is 0: resolve the "
+                       "config first (preflight.resolve fills it from the "
+                       "data), or set it.")
     self.cfg = cfg
     self.strategy = strategy
     self.chief = is_chief(strategy)
