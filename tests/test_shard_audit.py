@@ -63,6 +63,27 @@ def test_each_lost_record_is_a_weight_0_example_naming_its_file(damaged):
                                                                PER_FILE + 2)])
 
 
+# Ops that run Python in the process that built the pipeline: they fail
+# where a pod's input runs remotely (tensorflow script_ops.py).
+PYTHON_OPS = {"PyFunc", "PyFuncStateless", "EagerPyFunc"}
+
+
+def test_the_training_input_counts_losses_without_running_python(damaged):
+  """The count works wherever the input pipeline runs (a TPU pod's hosts):
+  no op of the pipeline's graph, its functions included, calls Python."""
+  data_dir = damaged[0]
+  dataset = input_pipeline.train_dataset_fn(
+      _config(data_dir), global_batch_size=2)(tf.distribute.InputContext())
+  graph = tf.compat.v1.GraphDef()
+  graph.ParseFromString(dataset._as_serialized_graph().numpy())  # pylint: disable=protected-access
+  ops = {node.op for node in graph.node} | {
+      node.op for function in graph.library.function
+      for node in function.node_def}
+  assert "TFRecordDataset" in ops
+  assert ops & {"MapDataset", "ParallelMapDatasetV2"}  # the fused map's ops
+  assert not ops & PYTHON_OPS, sorted(ops & PYTHON_OPS)
+
+
 def test_damaged_training_file_is_named_and_its_lost_records_counted(
     damaged, caplog):
   data_dir, path, offset, lost_count = damaged
