@@ -47,7 +47,7 @@ from absl import flags
 from absl import logging
 import tensorflow as tf
 
-from resnet_tpu.inputs import data_checks
+from resnet_tpu.inputs import record_guards
 from resnet_tpu.inputs import manifest
 
 SPLITS = ("train", "validation")
@@ -191,7 +191,7 @@ def to_rgb_jpeg(data: bytes, progressive_to_baseline: bool = False,
   if data.startswith(JPEG_MAGIC):
     image = tf.io.decode_jpeg(data, channels=3)
     reencode = (progressive_to_baseline and
-                data_checks.is_progressive_jpeg(data))
+                record_guards.is_progressive_jpeg(data))
     if int(tf.image.extract_jpeg_shape(data)[2]) == 3 and not reencode:
       return data, image.shape[0], image.shape[1]
   else:
@@ -244,7 +244,7 @@ def _write_shard(output_path: str, items: list[tuple[str, str]],
         logging.warning("skipping unreadable image %s: %s", path, reason)
         skipped.append(path)
       else:
-        if data_checks.is_progressive_jpeg(data):
+        if record_guards.is_progressive_jpeg(data):
           stored += jpeg is data
           reencoded += jpeg is not data
         example = image_example(path, jpeg, height, width, synset,

@@ -40,7 +40,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from data import build_tfrecords  # noqa: E402
-from resnet_tpu.inputs import data_checks  # noqa: E402
+from resnet_tpu.inputs import record_guards  # noqa: E402
 from resnet_tpu.runtime import host_memory  # noqa: E402
 from resnet_tpu.inputs import input_pipeline  # noqa: E402
 from resnet_tpu.inputs import preprocessing  # noqa: E402
@@ -134,7 +134,7 @@ def describe(jpegs: list[bytes]) -> str:
   sizes = ("x".join(map(str, shapes[0])) if len(shapes) == 1 else
            f"{len(shapes)} sizes, {'x'.join(map(str, shapes[0]))} to "
            f"{'x'.join(map(str, shapes[-1]))}")
-  progressive = sum(map(data_checks.is_progressive_jpeg, jpegs))
+  progressive = sum(map(record_guards.is_progressive_jpeg, jpegs))
   kind = "progressive JPEGs" if progressive == len(jpegs) else "JPEGs"
   mixed = (f", {progressive} progressive" if 0 < progressive < len(jpegs)
            else "")

@@ -9,7 +9,7 @@ here the data and the model_dir are opened:
   read: the files must be TFRecords of tf.train.Example with the features of
   input_pipeline.FEATURES, and the label must lie in [0, --num_classes)
   after --label_offset. Later records are guarded while training
-  (data_checks.py). A progressive JPEG in the first training record is
+  (record_guards.py). A progressive JPEG in the first training record is
   logged as a warning: the fused decode-and-crop saves nothing on it.
 * `check_model_dir`: a model_dir that already holds checkpoints must have
   been written by the same network (its config.json, config.write_config).
@@ -32,7 +32,7 @@ from absl import logging
 import tensorflow as tf
 from google.protobuf import message
 
-from resnet_tpu.inputs import data_checks
+from resnet_tpu.inputs import record_guards
 from resnet_tpu.inputs import input_pipeline
 from resnet_tpu.inputs import manifest
 from resnet_tpu.inputs import shard_audit
@@ -93,7 +93,7 @@ def _check_example(record: bytes, path: str,
 
 def _warn_if_progressive(example: tf.train.Example, path: str) -> None:
   image = example.features.feature["image/encoded"].bytes_list.value
-  if image and data_checks.is_progressive_jpeg(image[0]):
+  if image and record_guards.is_progressive_jpeg(image[0]):
     logging.warning(
         "The first record of %s (in --data_dir) is a progressive JPEG: the "
         "fused decode-and-crop (--fused_decode_crop) saves nothing on "

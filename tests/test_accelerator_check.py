@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from conftest import cpu_strategy
 from resnet_tpu.parallel import bn_all_reduce
-from tools import accelerator_checks
+from tools import accelerator_rows
 from tools import accelerator_report
 from simulated_slices import simulated_topology
 
@@ -71,13 +71,13 @@ def test_a_missing_accelerator_stops_within_seconds_naming_the_fix(
 
 
 def test_one_failed_check_fails_the_report_and_a_skipped_one_does_not():
-  rows = [accelerator_checks.Check("devices", True, ""),
-          accelerator_checks.skipped_on_one_replica("group_bn")]
+  rows = [accelerator_rows.Check("devices", True, ""),
+          accelerator_rows.skipped_on_one_replica("group_bn")]
   strategy = cpu_strategy(1)
   report = accelerator_report.report("cpu", strategy, TINY, {}, rows)
   assert report["passed"]
   assert report["checks"]["group_bn"]["result"] == "SKIP"
-  rows.append(accelerator_checks.Check("xla_compile", False, "ValueError: x"))
+  rows.append(accelerator_rows.Check("xla_compile", False, "ValueError: x"))
   report = accelerator_report.report("cpu", strategy, TINY, {}, rows)
   assert not report["passed"]
   table = accelerator_report.table(rows)
@@ -87,8 +87,8 @@ def test_one_failed_check_fails_the_report_and_a_skipped_one_does_not():
 
 def test_on_one_replica_the_equivalences_are_skipped_never_passed(tmp_path):
   strategy = cpu_strategy(1)
-  group = accelerator_checks.group_bn(strategy, TINY)
-  same = accelerator_checks.replicas_equal_one_device(strategy, TINY,
+  group = accelerator_rows.group_bn(strategy, TINY)
+  same = accelerator_rows.replicas_equal_one_device(strategy, TINY,
                                                       str(tmp_path))
   assert [group.result, same.result] == ["SKIP", "SKIP"]
 
@@ -102,18 +102,18 @@ def test_devices_fails_when_the_replicas_are_not_on_the_kind_asked_for():
 
 def test_group_bn_fails_when_bn_does_not_pool_its_group(monkeypatch):
   strategy = cpu_strategy(2)
-  assert accelerator_checks.group_bn(strategy, TINY).result == "PASS"
+  assert accelerator_rows.group_bn(strategy, TINY).result == "PASS"
   # The fault: each replica normalises by its own batch only.
   monkeypatch.setattr(bn_all_reduce, "group_all_reduce",
                       lambda x, *args, **kwargs: x)
-  row = accelerator_checks.group_bn(strategy, TINY)
+  row = accelerator_rows.group_bn(strategy, TINY)
   assert row.result == "FAIL" and row.measured["y_error"] > 1e-2
 
 
 def test_replicas_equal_one_device_fails_on_local_bn(tmp_path, monkeypatch):
   monkeypatch.setattr(bn_all_reduce, "group_all_reduce",
                       lambda x, *args, **kwargs: x)
-  row = accelerator_checks.replicas_equal_one_device(cpu_strategy(2), TINY,
+  row = accelerator_rows.replicas_equal_one_device(cpu_strategy(2), TINY,
                                                      str(tmp_path))
   assert row.result == "FAIL" and row.measured["update_error"] > 1e-2
 
@@ -125,28 +125,28 @@ def _nan_images(n, image_size, seed=0):
 
 def test_bfloat16_step_fails_on_a_non_finite_loss(tmp_path, monkeypatch):
   monkeypatch.setattr(
-      accelerator_checks, "_synthetic_iterator",
+      accelerator_rows, "_synthetic_iterator",
       lambda trainer: iter(trainer.strategy.distribute_datasets_from_function(
           lambda ctx: tf.data.Dataset.from_tensors(_nan_images(
               ctx.get_per_replica_batch_size(
                   trainer.cfg.global_batch_size),
               trainer.cfg.image_size)).repeat())))
-  row = accelerator_checks.bfloat16_step(cpu_strategy(1), TINY, str(tmp_path))
+  row = accelerator_rows.bfloat16_step(cpu_strategy(1), TINY, str(tmp_path))
   assert row.result == "FAIL" and row.measured["nonfinite_steps"] == 1
 
 
 def test_xla_compile_fails_when_the_compiled_step_is_not_finite(
     tmp_path, monkeypatch):
-  ran = accelerator_checks.Sizes(**{**TINY.__dict__, "run_xla": True})
-  monkeypatch.setattr(accelerator_checks, "_examples", _nan_images)
-  row = accelerator_checks.xla_step(cpu_strategy(1), ran, str(tmp_path),
+  ran = accelerator_rows.Sizes(**{**TINY.__dict__, "run_xla": True})
+  monkeypatch.setattr(accelerator_rows, "_examples", _nan_images)
+  row = accelerator_rows.xla_step(cpu_strategy(1), ran, str(tmp_path),
                                     "float32")
   assert row.result == "FAIL" and row.measured["nonfinite"] > 0
   assert "NON-FINITE" in row.detail
 
 
 def test_throughput_fails_below_its_floor(tmp_path):
-  row = accelerator_checks.throughput(cpu_strategy(1), TINY, str(tmp_path),
+  row = accelerator_rows.throughput(cpu_strategy(1), TINY, str(tmp_path),
                                       "float32", 1, min_ratio=1e6)
   assert row.result == "FAIL" and 0 < row.measured["ours_vs_keras"] < 1e6
 

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from data import build_tfrecords
 from data import make_synthetic
-from resnet_tpu.inputs import data_checks
+from resnet_tpu.inputs import record_guards
 from resnet_tpu.inputs import input_pipeline
 from resnet_tpu.inputs import manifest
 from resnet_tpu.inputs import preprocessing
@@ -108,14 +108,14 @@ def test_progressive_jpegs_are_recognised_by_their_frame_header():
   pixels = _photo()
   baseline = tf.io.encode_jpeg(pixels).numpy()
   progressive = tf.io.encode_jpeg(pixels, progressive=True).numpy()
-  assert data_checks.is_progressive_jpeg(progressive)
-  assert not data_checks.is_progressive_jpeg(baseline)
+  assert record_guards.is_progressive_jpeg(progressive)
+  assert not record_guards.is_progressive_jpeg(baseline)
   # A JPEG whose header segments come first (an EXIF-like APP1 segment).
   app1 = b"\xff\xe1" + (10).to_bytes(2, "big") + b"Exif\0\0\0\0"
-  assert data_checks.is_progressive_jpeg(progressive[:2] + app1 +
+  assert record_guards.is_progressive_jpeg(progressive[:2] + app1 +
                                              progressive[2:])
   for not_jpeg in (b"", b"\x89PNG\r\n", baseline[:3], b"\xff\xd8\xff\xda"):
-    assert not data_checks.is_progressive_jpeg(not_jpeg)
+    assert not record_guards.is_progressive_jpeg(not_jpeg)
 
 
 def test_progressive_jpegs_are_stored_or_reencoded_as_baseline(tmp_path,
@@ -144,7 +144,7 @@ def test_progressive_jpegs_are_stored_or_reencoded_as_baseline(tmp_path,
           converted.num_progressive_reencoded) == (0, 1)
   records = {r["image/filename"]: r for r in read_records(converted.files)}
   jpeg = records[b"p.JPEG"]["image/encoded"]
-  assert not data_checks.is_progressive_jpeg(jpeg)
+  assert not record_guards.is_progressive_jpeg(jpeg)
   assert (records[b"p.JPEG"]["image/height"],
           records[b"p.JPEG"]["image/width"]) == (48, 64)
   decoded = tf.cast(tf.io.decode_jpeg(jpeg), tf.float32)

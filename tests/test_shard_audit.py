@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from conftest import cpu_strategy
 import damaged_shards
-from resnet_tpu.inputs import data_checks
+from resnet_tpu.inputs import record_guards
 from resnet_tpu.inputs import input_pipeline
 from resnet_tpu import preflight
 from resnet_tpu import run as run_lib
@@ -50,7 +50,7 @@ def damaged(request, tmp_path):
   return tmp_path, path, damage(path, records, 2), PER_FILE - 2
 
 
-LOST_IN_FILE_1 = data_checks.fault_label(shard_audit.source_of(1, lost=True))
+LOST_IN_FILE_1 = record_guards.fault_label(shard_audit.source_of(1, lost=True))
 
 
 def test_each_lost_record_is_a_weight_0_example_naming_its_file(damaged):
@@ -91,7 +91,7 @@ def test_damaged_training_file_is_named_and_its_lost_records_counted(
   faults = shard_audit.DataFaults(
       files, shard_audit.expected_records(str(data_dir), files))
   labels = _read_one_pass(data_dir, num=2 * PER_FILE)
-  _, lost, by_source = data_checks.fault_counts(tf.constant(labels),
+  _, lost, by_source = record_guards.fault_counts(tf.constant(labels),
                                                 faults.num_sources)
   assert int(lost) == lost_count
   with caplog.at_level(logging.WARNING):

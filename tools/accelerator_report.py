@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from resnet_tpu.runtime import device_check
-from tools import accelerator_checks as checks
+from tools import accelerator_rows as checks
 from tools import bench_common
 
 FULL = checks.Sizes(depth=50, image_size=224, batch=128, steps=20,

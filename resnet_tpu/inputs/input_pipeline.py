@@ -6,11 +6,11 @@ Each host builds one pipeline per `tf.distribute.InputContext`:
   (a stand-in for each record lost to a damaged file: shard_audit.py) ->
   [cache raw records] -> shuffle -> repeat -> one fused map (parse, crop
   box, decode-and-crop, resize, flip, cast to the transfer dtype; unusable
-  records become weight-0 examples, one by one: data_checks.py) -> batch per
+  records become weight-0 examples, one by one: record_guards.py) -> batch per
   replica -> labels checked -> prefetch
 
 The fused map is ordered (deterministic=True) whatever `deterministic` says:
-the record index finds the rare record whose decode raised (data_checks.
+the record index finds the rare record whose decode raised (record_guards.
 fill_gaps).
 
 Pipelines get whole files when there are at least as many files as pipelines;
@@ -35,7 +35,7 @@ from typing import Callable
 from absl import logging
 import tensorflow as tf
 
-from resnet_tpu.inputs import data_checks
+from resnet_tpu.inputs import record_guards
 from resnet_tpu.inputs import preprocessing
 from resnet_tpu.inputs import shard_audit
 from resnet_tpu.config import ConfigError
@@ -46,8 +46,8 @@ SPLITS = ("train", "validation")
 DTYPES = ("uint8", "float32", "bfloat16")
 READ_BUFFER_BYTES = 8 * 1024 * 1024
 MAX_FILES_READ_AT_ONCE = 16
-# The features of a record the pipeline reads (data_checks.parse).
-FEATURES = (data_checks.IMAGE_FEATURE, data_checks.LABEL_FEATURE)
+# The features of a record the pipeline reads (record_guards.parse).
+FEATURES = (record_guards.IMAGE_FEATURE, record_guards.LABEL_FEATURE)
 
 DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
 
@@ -72,7 +72,7 @@ class InputConfig:
   prefetch: bool = True
   deterministic: bool = False
   seed: int | None = None
-  num_classes: int = 0  # > 0: every label is checked (data_checks.py)
+  num_classes: int = 0  # > 0: every label is checked (record_guards.py)
   crops: preprocessing.CropOptions = preprocessing.CropOptions()
 
   def __post_init__(self):
@@ -183,21 +183,21 @@ def _train_map(cfg: InputConfig, pipeline_id: int) -> Callable:
 
   def parse_and_preprocess(index, source_and_record):
     source, record = source_and_record
-    image_bytes, label, parsed = data_checks.parse(record, cfg.label_offset)
+    image_bytes, label, parsed = record_guards.parse(record, cfg.label_offset)
     seed = (None if pipeline_seed is None else
             tf.random.experimental.stateless_fold_in(pipeline_seed, index))
-    usable = parsed & data_checks.looks_like_jpeg(image_bytes)
+    usable = parsed & record_guards.looks_like_jpeg(image_bytes)
     image = tf.cond(usable, lambda: preprocessing.preprocess_for_train(
         image_bytes, cfg.image_size, cfg.fused_decode_crop, seed, cfg.crops),
                     lambda: _blank(cfg.image_size))
-    fault = tf.where(usable, 0, data_checks.fault_label(source))
+    fault = tf.where(usable, 0, record_guards.fault_label(source))
     return index, tf.cast(image, dtype), label, fault
 
   return parse_and_preprocess
 
 
 def _blank(image_size: int) -> tf.Tensor:
-  """Stands in for an unusable record's image (data_checks.py)."""
+  """Stands in for an unusable record's image (record_guards.py)."""
   return tf.zeros([image_size, image_size, 3], tf.uint8)
 
 
@@ -221,7 +221,7 @@ def train_dataset_fn(cfg: InputConfig, global_batch_size: int,
   the batches the interrupted one would have seen.
   Unusable records and, when manifest.json lists every file, the records
   lost to damaged files arrive as weight-0 examples whose negative labels
-  name their file (data_checks.py, shard_audit.py).
+  name their file (record_guards.py, shard_audit.py).
   """
   files = split_files(cfg.data_dir, "train")
   expected = shard_audit.expected_records(cfg.data_dir, files)
@@ -240,9 +240,9 @@ def train_dataset_fn(cfg: InputConfig, global_batch_size: int,
     dataset = records.map(_train_map(cfg, ctx.input_pipeline_id),
                           num_parallel_calls=_parallelism(cfg.parallel_map),
                           deterministic=True)
-    dataset = data_checks.fill_gaps(dataset, skipped)
+    dataset = record_guards.fill_gaps(dataset, skipped)
     dataset = dataset.batch(batch_size, drop_remainder=True)
-    dataset = data_checks.mark_train(dataset, cfg.num_classes,
+    dataset = record_guards.mark_train(dataset, cfg.num_classes,
                                      cfg.label_offset)
     if cfg.prefetch:
       dataset = dataset.prefetch(tf.data.AUTOTUNE)
@@ -267,8 +267,8 @@ def eval_dataset_fn(cfg: InputConfig, global_batch_size: int,
 
   def parse_and_preprocess(source, record):
     del source  # eval counts no faults: an unusable record gets mask 0
-    image_bytes, label, parsed = data_checks.parse(record, cfg.label_offset)
-    usable = parsed & data_checks.looks_like_jpeg(image_bytes)
+    image_bytes, label, parsed = record_guards.parse(record, cfg.label_offset)
+    usable = parsed & record_guards.looks_like_jpeg(image_bytes)
     image = tf.cond(usable, lambda: preprocessing.preprocess_for_eval(
         image_bytes, cfg.image_size, cfg.crops.eval_crop_fraction),
                     lambda: _blank(cfg.image_size))
@@ -281,7 +281,7 @@ def eval_dataset_fn(cfg: InputConfig, global_batch_size: int,
                        max_records=num_examples)
     dataset = records.map(parse_and_preprocess,
                           num_parallel_calls=_parallelism(cfg.parallel_map))
-    dataset = data_checks.guard_eval(dataset, cfg.num_classes,
+    dataset = record_guards.guard_eval(dataset, cfg.num_classes,
                                      cfg.label_offset)
     padding = tf.data.Dataset.from_tensors(
         (tf.zeros([cfg.image_size, cfg.image_size, 3], dtype), tf.constant(0),

@@ -22,7 +22,7 @@ read costs (Ying et al. 2018 §3.2):
 `source` is 2 * the file's index in the split, + 1 for the stand-ins of
 lost records. The input pipeline turns every record it cannot use (a lost
 one, one it cannot parse or decode) into a weight-0 example whose label
-names its source (data_checks.py), so the training step counts them per
+names its source (record_guards.py), so the training step counts them per
 file in its summed StepSums: over all replicas and workers, once per host
 loop. `DataFaults` then names each file in a warning (for a lost record: the
 records read, expected and lost, and the byte offset where reading stops)

@@ -2,7 +2,7 @@
 
 Ying et al. 2018 run several steps per host call; after each call the
 trainer writes one metrics.jsonl record and one log line (loss, top-1, LR,
-images/s, ETA), and names what the loop lost: unusable records (data_checks.py),
+images/s, ETA), and names what the loop lost: unusable records (record_guards.py),
 records of damaged files (shard_audit.py), both summed over every worker, and
 steps with a NaN/Inf loss or gradient.
 Such steps stop the run without a checkpoint (`NonFiniteLossError`) unless
