@@ -5,9 +5,10 @@ Exit codes: 0 done, 42 preempted (SIGTERM; a checkpoint was written, run the
 same command to resume), 43 another worker was lost (restart all workers),
 1 any error (a user error prints its message without a traceback).
 
-TensorFlow loads only after `set_up_process` has chosen its C++ log level
-and CPU kernels (resnet_tpu/runtime/process_setup.py), which it reads once, when it
-loads: the flags and the config they fill import no TensorFlow.
+TensorFlow loads only after `set_up_process` has decided the strategy kind
+and chosen its C++ log level, CPU kernels and TPU runtime
+(resnet_tpu/runtime/process_setup.py, tpu_runtime.py), which it reads once,
+when it loads: the flags and the config they fill import no TensorFlow.
 """
 import dataclasses
 import sys

@@ -316,6 +316,7 @@ def throughput(strategy, sizes: Sizes, tmp: str, precision: str,
                f"{shown['ours']:.1f} vs {shown['keras']:.1f} images/s per "
                f"{unit}, ours/Keras {ratio:.2f}x (at least {min_ratio:g}x "
                "to pass)",
-               {"images_per_sec_per_replica": per_replica, "min_ratio": min_ratio,
+               {"images_per_sec_per_replica": per_replica,
+                "min_ratio": min_ratio,
                 "images_per_sec_per_chip": per_chip, "chips": chips,
                 "ours_vs_keras": ratio, "summary": summary})

@@ -4,8 +4,9 @@ Synchronous data parallelism: every replica takes `global_batch / replicas`
 images; the loss is scaled by the GLOBAL batch because the optimizer sums
 gradients over replicas once (Keras 3 in apply_gradients, or
 gradient_all_reduce.py). Examples with a negative label (unusable or lost
-records, record_guards.py) weigh 0 and are counted per source file. Everything here runs inside `strategy.run`; the host
-loops (host_loops.py) call it and sum the `StepSums` over replicas.
+records, record_guards.py) weigh 0 and are counted per source file.
+Everything here runs inside `strategy.run`; the host loops (host_loops.py)
+call it and sum the `StepSums` over replicas.
 """
 from typing import NamedTuple
 
@@ -113,8 +114,8 @@ class ReplicaStep:
         loss += (self.cfg.weight_decay * l2 /
                  tf.cast(self.num_replicas * micro_batches, tf.float32))
     grads = tape.gradient(loss, self.model.trainable_variables)
-    unusable, lost, by_source = record_guards.fault_counts(labels,
-                                                         self.num_sources)
+    unusable, lost, by_source = record_guards.fault_counts(
+        labels, self.num_sources)
     sums = StepSums(
         loss=tf.reduce_sum(per_example), top1=tf.reduce_sum(top1),
         top5=tf.reduce_sum(top5), examples=tf.reduce_sum(weight),
