@@ -124,6 +124,7 @@ def run_studies(names: list[str], scale: study_plan.Scale,
 def fit_budget(names: list[str], runner: "study_runner.Runner",
                budget_s: float, shrink: bool) -> study_plan.Scale:
   """Estimates the plan; halves its images until it fits `budget_s`."""
+  previous, previous_scale = float("inf"), runner.scale
   for halvings in range(MAX_HALVINGS + 1):
     plan = runner.plan(names)
     wall, cpu = runner.estimate(plan)
@@ -135,6 +136,13 @@ def fit_budget(names: list[str], runner: "study_runner.Runner",
           f"{cpu / 60:.0f} min on an idle {cores}-core machine", flush=True)
     if not shrink or wall <= budget_s or halvings == MAX_HALVINGS:
       return runner.scale
+    if wall > 0.9 * previous:
+      # Steps stay, so once a step costs its fixed overhead whatever the
+      # batch, fewer images save nothing: the plan itself must shrink.
+      print(f"Halving the images no longer saves time: the plan exceeds "
+            f"--budget_minutes={budget_s / 60:g}.", flush=True)
+      return previous_scale if previous < wall else runner.scale
+    previous, previous_scale = wall, runner.scale
     runner.rescale(runner.scale.shrunk())
   return runner.scale
 

@@ -54,6 +54,27 @@ def schedule(cfg: TrainConfig, steps: int, batch: int
       warmup_steps=warmup)
 
 
+class TrainTimer(keras.callbacks.Callback):
+  """Seconds of training steps after the first quarter (which traces),
+  evaluations left out: the steady steps/s the calibration needs."""
+
+  def __init__(self):
+    super().__init__()
+    self.seconds, self.steps, self._start = 0.0, 0, 0.0
+
+  def on_epoch_begin(self, epoch, logs=None):
+    self._epoch, self._start = epoch, time.time()
+
+  def on_train_batch_end(self, batch, logs=None):
+    self._last = time.time()
+    self._batches = batch + 1
+
+  def on_epoch_end(self, epoch, logs=None):
+    if epoch > 0:  # the first quarter traces the step
+      self.seconds += self._last - self._start
+      self.steps += self._batches
+
+
 def fit(cfg: TrainConfig) -> dict:
   """Trains and evaluates the stock network at cfg's budget (momentum);
   cfg's steps are a multiple of EVALS (study_plan.baseline_runs)."""
@@ -69,9 +90,10 @@ def fit(cfg: TrainConfig) -> dict:
           from_logits=True, label_smoothing=cfg.label_smoothing),
       metrics=["accuracy"])
   quarter = steps // EVALS
+  timer = TrainTimer()
   start = time.time()
   history = model.fit(_dataset(cfg, "train", True), epochs=EVALS,
-                      steps_per_epoch=quarter, verbose=0,
+                      steps_per_epoch=quarter, verbose=0, callbacks=[timer],
                       validation_data=_dataset(cfg, "validation", False)
                       ).history
   seconds = time.time() - start
@@ -80,6 +102,7 @@ def fit(cfg: TrainConfig) -> dict:
           "eval_loss": float(history["val_loss"][-1]),
           "train_loss": float(history["loss"][-1]),
           "train_steps": quarter * EVALS, "images": quarter * EVALS * batch,
-          "steps_per_sec": quarter * EVALS / seconds, "seconds": seconds,
+          "steps_per_sec": timer.steps / max(timer.seconds, 1e-9),
+          "seconds": seconds,
           "evals": [(s, float(t)) for s, t in zip(at, history["val_accuracy"])],
           "train_losses": [(s, float(t)) for s, t in zip(at, history["loss"])]}

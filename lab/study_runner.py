@@ -218,10 +218,15 @@ class Runner:
                    "(start-up, tracing, eval, checkpoint), %.2f CPU s a "
                    "wall s", kind, *costs[kind])
     wall = cpu = 0.0
+    by_study: dict[str, float] = {}
     for r in plan:
       step, fixed, cpu_per_wall = costs[kind_of(r)]
       seconds = step * micro_steps(r.cfg) + fixed
       wall, cpu = wall + seconds, cpu + seconds * cpu_per_wall
+      by_study[r.study] = by_study.get(r.study, 0.0) + seconds
+    logging.info("Estimated minutes by study (a run shared by two counts "
+                 "in the first): %s", ", ".join(
+                     f"{k} {v / 60:.0f}" for k, v in by_study.items()))
     return wall, cpu
 
   def rescale(self, scale: study_plan.Scale) -> None:
