@@ -142,8 +142,8 @@ accelerator-check:
 	$(PYTHON) -m tools.accelerator_check $(ARGS)
 
 # The papers' central claims on real photos (lab/study.py): Fashion-MNIST
-# from Debian's dataset-fashion-mnist; 70 minutes on 2 CPU cores (2026-12-01).
-# It prints its estimate first.
+# from Debian's dataset-fashion-mnist, criteria declared in lab/study_plan.py.
+# It calibrates and prints its estimate first (--estimate_only stops there).
 study: venv
 	$(PY) -m lab.study --output_dir=bench_results/studies
 

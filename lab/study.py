@@ -1,31 +1,37 @@
-r"""The papers' central claims at laptop scale, on real photos.
+r"""The papers' central claims, each testable either way, on real photos.
 
-  python -m lab.study [--studies=a,b,c] [--smoke | --full] \
-      [--image_dir=D] [--estimate_only]
+  python -m lab.study [--studies=a,b,c,baseline,crop] [--smoke | --full] \
+      [--image_dir=D] [--estimate_only] [--budget_minutes=90]
 
-Trains the project's own ResNet through the real path: class-folder JPEGs
--> data/build_tfrecords.py -> the input pipeline -> resnet_tpu.run.run on
-CPU replicas -> evaluation over every test image. The default data is
+Trains lab/study_model.py's narrow ResNet-10 through the real path:
+class-folder JPEGs -> data/build_tfrecords.py -> the input pipeline ->
+resnet_tpu.run.run(cfg, model_fn=...) on CPU replicas -> evaluation over
+every test image at each quarter of the run. The default data is
 Fashion-MNIST from Debian's dataset-fashion-mnist package, written once as
 32 px RGB JPEGs and cached (lab/study_data.py); --image_dir takes any
 train/<class>/ + validation/<class>/ (or test/<class>/) image set instead.
-lab/study_plan.py defines the three studies and the one LR rule of each
-optimizer:
+lab/study_plan.py defines the studies, their LR rules and their
+pre-declared criteria (lab/study_verdict.py):
 
-  a  distributed BN (Ying et al. 2018 §3.1): BN group sizes 1-8 on 8
-     replicas of 4 images, same steps and LR; test top-1 and steps/s;
-  b  large batches (Goyal 2017; Ying 2018 §3; Akiba 2017): top-1 against
-     the global batch at equal epochs for momentum SGD, LARS and RMSprop
-     warm-up, then the best at the largest batch without label smoothing;
+  a  distributed BN (Ying et al. 2018 §3.1): BN over 4 images per replica
+     on 8 replicas against BN groups of 16 and 32 images, moving and
+     recomputed statistics;
+  b  large batches (Goyal 2017; Ying 2018 §3; Akiba 2017): a 32x span of
+     batches at equal epochs for momentum SGD, LARS and RMSprop warm-up,
+     then label smoothing off for the best at the largest batch;
   c  batch-size control (Mikami et al. 2018): a growing batch against its
-     final batch held fixed from the start, same epochs.
+     final batch at equal epochs and at equal steps, and the small batch;
+  baseline  the same network in stock Keras model.fit, equal budget;
+  crop  the Inception crop (min area 0.08) against min area 0.35.
 
-Each study writes <name>.md, .json and .png to --output_dir
-(bench_results/studies). At start-up a few timed steps of each kind of run
-(8 replicas with local and with grouped BN, 2 replicas for b and c) give
-the estimated wall time of the whole plan at the current machine load;
---estimate_only stops there. --full (all 60k images, 30 passes, batches to 16384, 3 seeds) is for
-GPU/TPU hosts (--strategy), --smoke is the CI test's few-step version.
+Each writes <name>.md, .json and .png to --output_dir, the JSON with its
+criteria, verdicts, steps at the largest batch and the control's
+convergence check. First a few timed steps of each kind of run estimate
+the plan's wall time at the current load; over --budget_minutes, the
+images are halved (and the batches with them, so every run keeps its
+steps) until it fits. --estimate_only stops there. --full (60k images,
+batches 128-4096, 3 seeds) is for GPU/TPU hosts (--strategy); --smoke is
+the CI test's few-step version.
 """
 import dataclasses
 import gc
@@ -42,19 +48,24 @@ from resnet_tpu.parallel.strategy import configure_cpu_replicas
 from lab import study_plan
 from lab import study_data
 from lab import study_runner
+from lab import study_verdict
 
 FLAGS = flags.FLAGS
-STUDIES = ("a", "b", "c")
+STUDIES = ("a", "b", "c", "baseline", "crop")
+MAX_HALVINGS = 4
 PATH_FLAGS = ("--work_dir", "--cache_dir", "--output_dir", "--image_dir",
               "--fashion_mnist_dir")
 
 
 def define_flags() -> None:
-  flags.DEFINE_list("studies", list(STUDIES), "Studies to run: a, b, c.")
+  flags.DEFINE_list("studies", list(STUDIES), "Studies to run: a, b, c, "
+                    "baseline, crop.")
+  flags.DEFINE_float("budget_minutes", 90.0, "Halve the images until the "
+                     "estimate fits (not with --full or --smoke).")
   flags.DEFINE_bool("smoke", False, "A few steps per point on a few hundred "
                     "images (the CI test).")
-  flags.DEFINE_bool("full", False, "All 60k images, 30 passes, batches to "
-                    "16384, 3 seeds: for GPU/TPU hosts.")
+  flags.DEFINE_bool("full", False, "All 60k images, batches 128-4096, 3 "
+                    "seeds: for GPU/TPU hosts.")
   flags.DEFINE_bool("estimate_only", False, "Print the estimated wall time "
                     "of the plan and stop.")
   flags.DEFINE_string("image_dir", "", "train/<class>/ and validation/"
@@ -82,21 +93,77 @@ def command(argv: list[str]) -> str:
 def run_studies(names: list[str], scale: study_plan.Scale,
                 runner: "study_runner.Runner") -> list[str]:
   """Runs the named studies in order; returns the files written."""
-  written = []
-  base = runner.base
+  written, base, plan = [], runner.base, study_plan
   if "a" in names:
-    written += runner.study("a", study_plan.bn_runs(base, scale))
+    written += runner.study("a", plan.bn_runs(base, scale),
+                            plan.bn_criteria(scale))
   if "b" in names:
-    main_runs = study_plan.large_batch_runs(base, scale)
-    records = runner.execute_all(main_runs)
-    best = runner.best_optimizer(records, max(scale.batches))
+    main_runs = plan.large_batch_runs(base, scale)
+    best = runner.best_optimizer(runner.execute_all(main_runs),
+                                 max(scale.batches))
     logging.info("Best optimizer at batch %d: %s; now without label "
                  "smoothing", max(scale.batches), best)
-    written += runner.study("b", main_runs + study_plan.label_smoothing_runs(
-        base, scale, best), extra={"best_optimizer": best})
+    written += runner.study(
+        "b", main_runs + plan.label_smoothing_runs(base, scale, best),
+        plan.large_batch_criteria(scale, best),
+        extra={"best_optimizer": best})
   if "c" in names:
-    written += runner.study("c", study_plan.batch_control_runs(base, scale))
+    written += runner.study("c", plan.batch_control_runs(base, scale),
+                            plan.batch_control_criteria())
+  if "baseline" in names:
+    written += runner.study("baseline", plan.baseline_runs(base, scale), [
+        study_verdict.Criterion(
+            "the project's path beats stock Keras",
+            (("path", "stock_keras"),), (("path", "project"),))])
+  if "crop" in names:
+    written += runner.study("crop", plan.crop_runs(base, scale),
+                            plan.crop_criteria())
   return written
+
+
+def fit_budget(names: list[str], runner: "study_runner.Runner",
+               budget_s: float, shrink: bool) -> study_plan.Scale:
+  """Estimates the plan; halves its images until it fits `budget_s`."""
+  previous, previous_scale = float("inf"), runner.scale
+  for halvings in range(MAX_HALVINGS + 1):
+    plan = runner.plan(names)
+    wall, cpu = runner.estimate(plan)
+    cores = os.cpu_count() or 1
+    print(f"Estimated wall time of the plan at {runner.scale.num_train} "
+          f"training images ({len(plan)} runs): {wall / 60:.0f} min at the "
+          f"current load (average {os.getloadavg()[0]:.1f}); its "
+          f"{cpu / 60:.0f} CPU-minutes take {cpu / cores / 60:.0f}-"
+          f"{cpu / 60:.0f} min on an idle {cores}-core machine", flush=True)
+    if not shrink or wall <= budget_s or halvings == MAX_HALVINGS:
+      return runner.scale
+    if wall > 0.9 * previous:
+      # Steps stay, so once a step costs its fixed overhead whatever the
+      # batch, fewer images save nothing: the plan itself must shrink.
+      print(f"Halving the images no longer saves time: the plan exceeds "
+            f"--budget_minutes={budget_s / 60:g}.", flush=True)
+      return previous_scale if previous < wall else runner.scale
+    previous, previous_scale = wall, runner.scale
+    runner.rescale(runner.scale.shrunk())
+  return runner.scale
+
+
+def load_data(scale: study_plan.Scale) -> study_data.StudyData:
+  try:
+    return study_data.study_data(FLAGS.cache_dir, FLAGS.image_dir,
+                                 scale.num_train, scale.num_test,
+                                 FLAGS.fashion_mnist_dir)
+  except ValueError as error:
+    raise app.UsageError(str(error)) from error
+
+
+def make_runner(scale: study_plan.Scale, data: study_data.StudyData
+                ) -> tuple[study_plan.Scale, "study_runner.Runner"]:
+  """The scale at the data's real counts and a runner of it."""
+  scale = dataclasses.replace(scale, num_train=data.num_train,
+                              num_test=data.num_test)
+  return scale, study_runner.Runner(data, scale, FLAGS.work_dir,
+                                    FLAGS.output_dir, FLAGS.strategy,
+                                    command(sys.argv))
 
 
 def main(argv: list[str]) -> None:
@@ -109,31 +176,20 @@ def main(argv: list[str]) -> None:
            study_plan.FULL if FLAGS.full else study_plan.DEFAULT)
   start = time.time()
   # Before any TensorFlow op (the data step's) initialises the devices.
-  configure_cpu_replicas(max(scale.replicas, scale.micro_replicas))
-  try:
-    data = study_data.study_data(FLAGS.cache_dir, FLAGS.image_dir,
-                                 scale.num_train, scale.num_test,
-                                 FLAGS.fashion_mnist_dir)
-  except ValueError as error:
-    raise app.UsageError(str(error)) from error
-  scale = dataclasses.replace(scale, num_train=data.num_train,
-                              num_test=data.num_test)
-  runner = study_runner.Runner(data, scale, FLAGS.work_dir,
-                               FLAGS.output_dir, FLAGS.strategy,
-                               command(sys.argv))
+  configure_cpu_replicas(max(scale.bn_replicas, scale.micro_replicas))
+  data = load_data(scale)
+  scale, runner = make_runner(scale, data)
   plan = runner.plan(names)
   logging.info("Plan: %d runs of %s; %s", len(plan), data.name,
                runner.describe(plan))
   if not FLAGS.smoke:
-    wall, cpu = runner.estimate(plan)
-    cores = os.cpu_count() or 1
-    print(f"Estimated wall time of the plan ({len(plan)} runs, calibration "
-          f"included): {wall / 60:.0f} min at the current load (average "
-          f"{os.getloadavg()[0]:.1f}); its {cpu / 60:.0f} CPU-minutes take "
-          f"{cpu / cores / 60:.0f}-{cpu / 60:.0f} min on an idle "
-          f"{cores}-core machine", flush=True)
+    # A user's --image_dir is used whole: only Fashion-MNIST is subset.
+    fitted = fit_budget(names, runner, 60 * FLAGS.budget_minutes,
+                        shrink=not (FLAGS.full or FLAGS.image_dir))
     if FLAGS.estimate_only:
       return
+    if fitted.num_train != scale.num_train:
+      scale, runner = make_runner(fitted, load_data(fitted))
   written = run_studies(names, scale, runner)
   gc.collect()
   shutil.rmtree(os.path.join(FLAGS.work_dir, "calibration"),

@@ -1,38 +1,46 @@
-"""What each study trains: its runs as TrainConfigs, and one LR rule each.
+"""What each study trains, and what would decide it, fixed before any run.
 
-Every run follows a published 90-epoch recipe compressed into the images
-the run sees: --num_train_images is set to one ninetieth of them, so the
-schedule's warm-up, decay boundaries, RMSprop-to-SGD switch and batch-size
-phases (all in epochs) keep their place in the run. The rules are chosen
-once, here, and never per point:
+Every run trains lab/study_model.py's narrow ResNet-10 through the
+project's full path (resnet_tpu.run.run with model_fn). The rules: at
+least MIN_STEPS optimizer steps at the largest batch of every comparison
+(when the budget is short, lab/study.py cuts the images, never these
+steps); seeds paired across points; a warm-up of WARMUP_FRACTION of each
+run; the criteria below, in lab/study_verdict.py's terms.
 
-  momentum (Goyal et al. 2017): 0.1 per 256 images, linear scaling, 5
-    warm-up epochs, x0.1 after epochs 30, 60 and 80.
+LR rules, one per optimizer, stated once here and never tuned per point
+(their values at the smallest batch are the papers' own, not swept):
+  momentum (Goyal et al. 2017 §2.1): 0.1 per 256 images, linear scaling,
+    cosine decay after the warm-up.
   lars (Ying et al. 2018 §3; You et al. 2017): tensorflow/tpu's absolute
-    peak per batch bracket (models/official/resnet/lars_util.py at commit
-    95647b535084fe369bdc9c12bace726cb91970b4: 10.0 below 16384 with 5
-    warm-up epochs, 25.0 below 32768, 32.0 below 65536), polynomial decay
-    with power 2 to 1e-4.
-  rmsprop_warmup (Akiba et al. 2017): 0.1 per 256 images, linear scaling,
-    slow start, RMSprop LR 3e-4 turning into momentum SGD around epoch 10
-    (flags/akiba2017_32k.cfg).
+    peak 10.0 below batch 16384 (models/official/resnet/lars_util.py),
+    polynomial decay with power 2.
+  rmsprop_warmup (Akiba et al. 2017): 0.1 per 256 images, RMSprop LR
+    3e-4 turning into momentum SGD at 1/9 of the run (their epoch 10 of
+    90), cosine decay: their slow start's boundaries are absolute epochs
+    (40, 70, 85 of 90) that a run of a few epochs never reaches.
 
-Studies: a (Ying §3.1) distributed BN group sizes at a per-replica batch of
-4; b (Goyal, Ying, Akiba) top-1 against the global batch at equal epochs,
-each optimizer with its rule and label smoothing 0.1, then the best one at
-the largest batch without it; c (Mikami et al. 2018) a growing batch
-against the final batch held fixed, with LARS's LR held across switches.
+Studies: a (Ying §3.1) BN batch 4 per replica on 8 replicas against BN
+groups of 4 and 8 replicas (BN batch 16, 32); b (Goyal; Ying §3; Akiba)
+a 32x span of batches at equal epochs, then label smoothing off for the
+best optimizer at the largest batch; c (Mikami et al. 2018) a growing
+batch against the final batch at equal epochs and at equal steps, and the
+small batch as a ceiling; baseline: the same network in stock Keras
+model.fit beside the project's path; crop: the Inception crop (min area
+0.08) against a larger minimum area for small images.
 """
 import dataclasses
+import math
 
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.clock import parse_batch_size_schedule
+from lab.study_verdict import Criterion, WITHIN
 
-RECIPE_EPOCHS = 90
 OPTIMIZERS = ("momentum", "lars", "rmsprop_warmup")
-# tensorflow/tpu lars_util.py poly_rate_schedule: (batch below, peak, warm-up).
-LARS_BRACKETS = ((16384, 10.0, 5.0), (32768, 25.0, 5.0), (65536, 32.0, 14.0),
-                 (None, 35.6, 40.0))
+MIN_STEPS = 100
+WARMUP_FRACTION = 0.15
+# Every study's train crop; the crop study tests it against ImageNet's.
+SMALL_IMAGE_CROP = 0.35
+IMAGENET_CROP = 0.08
+KEEPS_ACCURACY_POINTS = 1.0  # b: "keeps small-batch accuracy" margin
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,132 +49,242 @@ class Scale:
   num_train: int
   num_test: int
   seeds: tuple[int, ...]
-  bn_steps: int  # a: training steps of every group size
-  bn_per_replica: int  # a: images per replica and step (the BN batch)
-  passes: float  # b, c: passes over the training images per run
-  batches: tuple[int, ...]  # b: global batches
-  micro_per_replica: int  # b, c: BN batch; larger batches accumulate
-  growing: str  # c: the batch-size schedule, in recipe epochs
-  replicas: int = 8  # a: replicas (BN groups divide it)
-  micro_replicas: int = 2  # b, c: replicas
-  steps_per_loop: int = 25
+  batches: tuple[int, ...]  # b: global batches, the largest last
+  growing: tuple[tuple[float, int], ...]  # c: (epoch fraction, batch)
+  bn_epochs: float  # a: passes over the images
+  bn_groups: tuple[int, ...] = (1, 4, 8)
+  bn_replicas: int = 8
+  bn_per_replica: int = 4
+  micro_replicas: int = 2  # b, c: larger batches accumulate micro-batches
+  steps_per_loop: int = 5  # the training loss is logged every host loop
+  min_steps: int = MIN_STEPS
+
+  @property
+  def epochs(self) -> float:
+    """b, c: passes giving min_steps at the largest batch."""
+    return math.ceil(self.min_steps * max(self.batches) / self.num_train)
+
+  def shrunk(self) -> "Scale":
+    """Half the images and half every batch: the same steps everywhere."""
+    def half(batch: int) -> int:
+      return max(self.micro_replicas, batch // 2)
+    return dataclasses.replace(
+        self, num_train=self.num_train // 2,
+        batches=tuple(half(b) for b in self.batches),
+        growing=tuple((e, half(b)) for e, b in self.growing))
 
 
-# `make study` on 2 CPU cores; lab/study.py prints its estimate first.
-DEFAULT = Scale(num_train=10000, num_test=10000, seeds=(0, 1), bn_steps=150,
-                bn_per_replica=4, passes=2.0, batches=(256, 1024, 4096),
-                micro_per_replica=32, growing="0:1024,30:2048,60:4096")
-# GPU/TPU hosts: all 60k images, 30 passes, batches 256-16384, 3 seeds.
+# `make study` on 2 CPU cores: 10,240 images, 32 -> 1024 (10 steps an epoch
+# at 1024, 10 epochs); lab/study.py calibrates and shrinks it to ~90 min.
+DEFAULT = Scale(num_train=10240, num_test=10000, seeds=(0, 1),
+                batches=(32, 128, 1024),
+                growing=((0.0, 256), (0.2, 512), (0.4, 1024)), bn_epochs=4.0)
+# GPU/TPU hosts: all 60k images, 128 -> 4096, 3 seeds.
 FULL = Scale(num_train=60000, num_test=10000, seeds=(0, 1, 2),
-             bn_steps=3000, bn_per_replica=4, passes=30.0,
-             batches=(256, 512, 1024, 2048, 4096, 8192, 16384),
-             micro_per_replica=32, growing="0:4096,30:8192,60:16384",
-             steps_per_loop=100)
-# CI: a few steps per point on a few hundred images, 1-2 replicas.
-SMOKE = Scale(num_train=200, num_test=100, seeds=(0,), bn_steps=2,
-              bn_per_replica=2, passes=0.32, batches=(64,),
-              micro_per_replica=32, growing="0:32,45:64", replicas=2,
-              micro_replicas=1, steps_per_loop=1)
+             batches=(128, 512, 4096),
+             growing=((0.0, 1024), (0.2, 2048), (0.4, 4096)), bn_epochs=30.0,
+             steps_per_loop=20)
+# CI: a few steps per run on a few hundred images.
+SMOKE = Scale(num_train=200, num_test=100, seeds=(0,), batches=(8, 32),
+              growing=((0.0, 8), (0.5, 32)), bn_epochs=0.1, bn_groups=(1, 2),
+              bn_replicas=2, bn_per_replica=2, micro_replicas=1,
+              steps_per_loop=4, min_steps=7)
 
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-  """One training run of a study: its point, seed and exact config."""
+  """One training run of a study: its point, seed, config and path."""
   study: str
   point: tuple[tuple[str, object], ...]  # e.g. (("bn_group_size", 4),)
   seed: int
   cfg: TrainConfig
+  path: str = "project"  # or "stock_keras" (lab/study_baseline.py)
 
   @property
   def label(self) -> str:
     return ", ".join(f"{k}={v}" for k, v in self.point)
 
 
-def lars_rule(batch: int) -> tuple[float, float]:
-  """tensorflow/tpu's absolute LARS peak and warm-up epochs at `batch`."""
-  return next((peak, warmup) for below, peak, warmup in LARS_BRACKETS
-              if below is None or batch < below)
-
-
-def optimizer_rule(optimizer: str, batch: int) -> dict:
-  """The LR fields of `optimizer`'s one rule at global batch `batch`."""
+def optimizer_rule(optimizer: str, epochs: float) -> dict:
+  """The LR fields of `optimizer`'s one rule over a run of `epochs`."""
+  warmup = WARMUP_FRACTION * epochs
   if optimizer == "momentum":
     return dict(optimizer="momentum", base_learning_rate=0.1,
-                lr_schedule="step", warmup_epochs=5.0)
+                lr_schedule="cosine", warmup_epochs=warmup)
   if optimizer == "lars":
-    peak, warmup = lars_rule(batch)
     return dict(optimizer="lars", learning_rate_scaling="none",
-                base_learning_rate=peak, lr_schedule="polynomial",
+                base_learning_rate=10.0, lr_schedule="polynomial",
                 lr_decay_power=2.0, end_learning_rate=1e-4,
                 warmup_epochs=warmup)
   return dict(optimizer="rmsprop_warmup", base_learning_rate=0.1,
-              lr_schedule="slow_start", warmup_epochs=5.0,
-              rmsprop_learning_rate=3e-4, rmsprop_warmup_center_epochs=10.0,
-              rmsprop_warmup_period_epochs=5.0)
+              lr_schedule="cosine", warmup_epochs=warmup,
+              rmsprop_learning_rate=3e-4,
+              rmsprop_warmup_center_epochs=epochs / 9,
+              rmsprop_warmup_period_epochs=epochs / 18)
 
 
-def _images_per_recipe_epoch(images: float) -> int:
-  return max(1, round(images / RECIPE_EPOCHS))
+def _evals(cfg: TrainConfig) -> TrainConfig:
+  """Evaluates at every quarter of the run (the convergence check)."""
+  return dataclasses.replace(
+      cfg, eval_every_steps=max(1, cfg.total_train_steps // 4))
 
 
 def bn_runs(base: TrainConfig, scale: Scale) -> list[Run]:
-  """a: every BN group size at the same steps, batch and LR (Ying §3.1)."""
-  batch = scale.replicas * scale.bn_per_replica
-  groups = [g for g in (1, 2, 4, 8, 16) if g <= scale.replicas]
+  """a: each BN group, moving and recomputed statistics at the ends."""
+  batch = scale.bn_replicas * scale.bn_per_replica
+  ends = (min(scale.bn_groups), max(scale.bn_groups))
   runs = []
-  for group in groups:
-    for seed in scale.seeds:
-      cfg = dataclasses.replace(
-          base, num_cpu_replicas=scale.replicas, bn_group_size=group,
-          global_batch_size=batch, train_steps=scale.bn_steps,
-          num_train_images=_images_per_recipe_epoch(scale.bn_steps * batch),
-          seed=seed, **optimizer_rule("momentum", batch))
-      runs.append(Run("a", (("bn_group_size", group),), seed, cfg))
+  for group in scale.bn_groups:
+    for stats in ("moving_average", "recompute"):
+      if stats == "recompute" and group not in ends:
+        continue
+      for seed in scale.seeds:
+        cfg = dataclasses.replace(
+            base, num_cpu_replicas=scale.bn_replicas, bn_group_size=group,
+            global_batch_size=batch, train_epochs=scale.bn_epochs,
+            bn_stats=stats, seed=seed,
+            **optimizer_rule("momentum", scale.bn_epochs))
+        runs.append(Run("a", (("bn_group_size", group),
+                              ("bn_stats", stats)), seed, _evals(cfg)))
   return runs
 
 
-def _batch_run(study: str, base: TrainConfig, scale: Scale, optimizer: str,
-               schedule: str, label_smoothing: float, seed: int,
-               point: tuple) -> Run:
-  micro = scale.micro_replicas * scale.micro_per_replica
-  final = parse_batch_size_schedule(schedule)[-1][1]
+def baselines(name: str, scale: Scale) -> list[tuple]:
+  """The points whose convergence each study checks: the ungrouped BN
+  (a), each optimizer's smallest batch (b), the small batch (c), both
+  paths (baseline) and both crops."""
+  if name == "a":
+    return [(("bn_group_size", min(scale.bn_groups)),
+             ("bn_stats", "moving_average"))]
+  if name == "b":
+    return [(("optimizer", opt), ("global_batch", min(scale.batches)),
+             ("label_smoothing", 0.1)) for opt in OPTIMIZERS]
+  if name == "c":
+    return [(("schedule", "small batch (ceiling)"),)]
+  if name == "baseline":
+    return [(("path", path),) for path in ("project", "stock_keras")]
+  return [(("train_crop_min_area", c),) for c in (IMAGENET_CROP,
+                                                  SMALL_IMAGE_CROP)]
+
+
+def bn_criteria(scale: Scale) -> list[Criterion]:
+  """a: grouped BN beats BN over 4 images (moving and recomputed stats)."""
+  def point(group, stats="moving_average"):
+    return (("bn_group_size", group), ("bn_stats", stats))
+  low, high = min(scale.bn_groups), max(scale.bn_groups)
+  return [Criterion(f"BN group {g} beats group {low}", point(low), point(g))
+          for g in scale.bn_groups if g != low] + [
+              Criterion(f"BN group {high} beats group {low}, recomputed "
+                        "statistics", point(low, "recompute"),
+                        point(high, "recompute"))]
+
+
+def batch_run(study: str, base: TrainConfig, scale: Scale, optimizer: str,
+              schedule: tuple[tuple[float, int], ...], seed: int,
+              point: tuple, label_smoothing: float = 0.1,
+              train_steps: int = 0, crop: float = SMALL_IMAGE_CROP) -> Run:
+  """One run of b, c, baseline or crop: `schedule` in fractions of a run."""
+  epochs = scale.epochs
+  micro = scale.micro_replicas * max(1, min(scale.batches)
+                                     // scale.micro_replicas)
+  # --batch_size_schedule takes whole epochs.
+  text = ",".join(f"{round(f * epochs)}:{b}" for f, b in schedule)
   cfg = dataclasses.replace(
-      base, num_cpu_replicas=scale.micro_replicas, global_batch_size=micro,
-      batch_size_schedule=schedule, train_epochs=float(RECIPE_EPOCHS),
-      num_train_images=_images_per_recipe_epoch(
-          scale.passes * scale.num_train),
-      label_smoothing=label_smoothing, seed=seed,
-      **optimizer_rule(optimizer, final))
-  return Run(study, point, seed, cfg)
+      base, num_cpu_replicas=scale.micro_replicas,
+      global_batch_size=min(micro, schedule[0][1]),
+      batch_size_schedule=text, train_epochs=0.0 if train_steps else epochs,
+      train_steps=train_steps, label_smoothing=label_smoothing, seed=seed,
+      train_crop_min_area=crop, **optimizer_rule(optimizer, epochs))
+  return Run(study, point, seed, _evals(cfg))
 
 
 def large_batch_runs(base: TrainConfig, scale: Scale) -> list[Run]:
-  """b: each optimizer at each global batch, label smoothing 0.1."""
-  return [_batch_run("b", base, scale, opt, f"0:{batch}", 0.1, seed,
-                     (("optimizer", opt), ("global_batch", batch),
-                      ("label_smoothing", 0.1)))
+  """b: each optimizer at each batch, equal epochs, label smoothing 0.1."""
+  return [batch_run("b", base, scale, opt, ((0.0, batch),), seed,
+                    (("optimizer", opt), ("global_batch", batch),
+                     ("label_smoothing", 0.1)))
           for opt in OPTIMIZERS for batch in scale.batches
           for seed in scale.seeds]
 
 
 def label_smoothing_runs(base: TrainConfig, scale: Scale,
                          optimizer: str) -> list[Run]:
-  """b: `optimizer`, the best at the largest batch, there without smoothing.
-
-  The largest batch is where Ying et al. (§5) and Mikami et al. (v2) use
-  label smoothing to keep accuracy.
-  """
+  """b: the best optimizer at the largest batch without label smoothing
+  (Ying et al. §5 and Mikami et al. use it at large batches)."""
   batch = max(scale.batches)
-  return [_batch_run("b", base, scale, optimizer, f"0:{batch}", 0.0, seed,
-                     (("optimizer", optimizer), ("global_batch", batch),
-                      ("label_smoothing", 0.0)))
+  return [batch_run("b", base, scale, optimizer, ((0.0, batch),), seed,
+                    (("optimizer", optimizer), ("global_batch", batch),
+                     ("label_smoothing", 0.0)), label_smoothing=0.0)
           for seed in scale.seeds]
+
+
+def large_batch_criteria(scale: Scale, best: str) -> list[Criterion]:
+  """b: each optimizer keeps the smallest batch's top-1 at the largest;
+  label smoothing helps the best one (highest mean top-1 at the largest)."""
+  def point(opt, batch, smoothing=0.1):
+    return (("optimizer", opt), ("global_batch", batch),
+            ("label_smoothing", smoothing))
+  low, high = min(scale.batches), max(scale.batches)
+  return [Criterion(f"{opt} keeps batch {low}'s top-1 at {high}",
+                    point(opt, low), point(opt, high), WITHIN,
+                    KEEPS_ACCURACY_POINTS) for opt in OPTIMIZERS] + [
+      Criterion(f"label smoothing helps {best} at {high}",
+                point(best, high, 0.0), point(best, high))]
 
 
 def batch_control_runs(base: TrainConfig, scale: Scale) -> list[Run]:
-  """c: the growing schedule and its final batch fixed, LARS, same epochs."""
-  final = parse_batch_size_schedule(scale.growing)[-1][1]
-  return [_batch_run("c", base, scale, "lars", schedule, 0.1, seed,
-                     (("batch_size_schedule", schedule),))
-          for schedule in (scale.growing, f"0:{final}")
+  """c: growing; final batch at equal epochs and equal steps; small batch."""
+  final, small = scale.growing[-1][1], scale.growing[0][1]
+  growing = batch_run("c", base, scale, "lars", scale.growing, 0,
+                      (("schedule", "growing"),))
+  equal_steps = growing.cfg.total_train_steps
+  points = ((scale.growing, "growing", 0), (((0.0, final),),
+            "final batch, equal epochs", 0), (((0.0, final),),
+            "final batch, equal steps", equal_steps),
+            (((0.0, small),), "small batch (ceiling)", 0))
+  return [batch_run("c", base, scale, "lars", schedule, seed,
+                    (("schedule", name),), train_steps=steps)
+          for schedule, name, steps in points for seed in scale.seeds]
+
+
+def batch_control_criteria() -> list[Criterion]:
+  """c: the growing batch beats its final batch held fixed from the start."""
+  def point(name):
+    return (("schedule", name),)
+  return [Criterion(f"growing beats the {name}", point(name),
+                    point("growing"))
+          for name in ("final batch, equal epochs",
+                       "final batch, equal steps")]
+
+
+def baseline_runs(base: TrainConfig, scale: Scale) -> list[Run]:
+  """The project's path against stock Keras model.fit, same budget:
+  momentum at b's smallest batch (no accumulated micro-batches), its LR
+  schedule and label smoothing. The project's BN sees the batch split over
+  its replicas, stock Keras the whole batch on one device."""
+  batch = min(scale.batches)
+  steps = batch_run("baseline", base, scale, "momentum", ((0.0, batch),),
+                    0, ()).cfg.total_train_steps
+  steps = 4 * math.ceil(steps / 4)  # model.fit evaluates each quarter
+  runs = []
+  for path in ("project", "stock_keras"):
+    for seed in scale.seeds:
+      run = batch_run("baseline", base, scale, "momentum", ((0.0, batch),),
+                      seed, (("path", path),), train_steps=steps)
+      runs.append(dataclasses.replace(run, path=path))
+  return runs
+
+
+def crop_runs(base: TrainConfig, scale: Scale) -> list[Run]:
+  """Inception crop (min area 0.08) against SMALL_IMAGE_CROP, same budget."""
+  batch = sorted(scale.batches)[len(scale.batches) // 2]
+  return [batch_run("crop", base, scale, "momentum", ((0.0, batch),), seed,
+                    (("train_crop_min_area", crop),), crop=crop)
+          for crop in (IMAGENET_CROP, SMALL_IMAGE_CROP)
           for seed in scale.seeds]
+
+
+def crop_criteria() -> list[Criterion]:
+  return [Criterion(f"min area {SMALL_IMAGE_CROP} beats {IMAGENET_CROP}",
+                    (("train_crop_min_area", IMAGENET_CROP),),
+                    (("train_crop_min_area", SMALL_IMAGE_CROP),))]

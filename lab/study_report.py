@@ -5,6 +5,7 @@ top-1/top-5 over every test image, its steps/s and seconds, and the
 machine; the markdown and the plot are rendered from the same records, so
 what the README quotes is what was measured.
 """
+import collections
 import dataclasses
 import json
 import os
@@ -19,6 +20,57 @@ from resnet_tpu.config import TrainConfig  # noqa: E402
 
 # Fields that differ between machines, not between settings.
 PATH_FIELDS = ("model_dir", "data_dir", "export_dir")
+Text = collections.namedtuple(
+    "Text", "file_name title claim x_key categorical")
+TEXT = {
+    "a": Text("a_distributed_bn", "a. Distributed BN with {per} images per "
+              "replica (Ying et al. 2018 §3.1)",
+              "BN statistics over too few images hurt final accuracy; "
+              "pooling them over a group of replicas (distributed BN) "
+              "recovers it, at the cost of an all-reduce per BN layer.",
+              "bn_group_size", True),
+    "b": Text("b_large_batch", "b. Top-1 against the global batch at equal "
+              "epochs (Goyal 2017; Ying 2018 §3; Akiba 2017)",
+              "Momentum SGD with linear scaling and warm-up keeps "
+              "small-batch accuracy up to about 8k (Goyal et al.); LARS "
+              "goes further (Ying et al. §3, after You et al. 2017); "
+              "RMSprop warm-up with a slow start trains at 32k (Akiba et "
+              "al.); label smoothing helps at large batches (Ying §5).",
+              "global_batch", False),
+    "c": Text("c_batch_size_control", "c. Batch-size control against a "
+              "fixed final batch (Mikami et al. 2018)",
+              "Growing the batch during training is more stable than "
+              "training at the final, large batch from the start.",
+              "schedule", True),
+    "baseline": Text("baseline_stock_keras", "The project's path against "
+                     "stock Keras model.fit at equal budget",
+                     "What the project's full path (input pipeline, "
+                     "zero-init gamma, distributed BN, its schedule and "
+                     "trainer) gives over a plain model.fit.", "path", True),
+    "crop": Text("crop_small_images", "Inception crop against a crop for "
+                 "small images", "The ImageNet crop (min area 0.08) cuts "
+                 "small centred objects away; a larger minimum area keeps "
+                 "them.", "train_crop_min_area", True),
+}
+
+
+def setting(name: str, scale, source: str, num_test: int) -> str:
+  """One paragraph of what every run of study `name` shares."""
+  shared = (f"The narrow ResNet-10 of lab/study_model.py at 32 px on "
+            f"{scale.num_train} training images of {source}, test top-1 "
+            f"over all {num_test} test images, evaluated at every quarter "
+            f"of each run; {len(scale.seeds)} paired seed(s) per point; "
+            f"warm-up 15 % of each run; LR rules and "
+            f"criteria of lab/study_plan.py.")
+  if name == "a":
+    return (f"{scale.bn_replicas} CPU replicas x {scale.bn_per_replica} "
+            f"images, {scale.bn_epochs:g} epochs, momentum SGD, label "
+            f"smoothing 0.1. " + shared)
+  return (f"{scale.micro_replicas} CPU replicas; batches above the "
+          f"smallest accumulate micro-batches of the smallest; "
+          f"{scale.epochs:g} epochs (at least {scale.min_steps} steps at "
+          f"the largest batch {max(scale.batches)}); label smoothing 0.1 "
+          f"unless the point says 0.0. " + shared)
 
 
 def settings(cfg: TrainConfig) -> dict:
@@ -53,6 +105,7 @@ def points(records: list[dict]) -> list[dict]:
         "top1_mean": statistics.fmean(top1), "top1_min": min(top1),
         "top1_max": max(top1),
         "top1_std": statistics.stdev(top1) if len(top1) > 1 else 0.0,
+        "train_loss": statistics.fmean(r["train_loss"] for r in runs),
         "steps_per_sec": statistics.fmean(r["steps_per_sec"] for r in runs),
         "train_steps": runs[0]["train_steps"],
         "images_per_run": runs[0]["images"],
@@ -84,13 +137,27 @@ def markdown(study: dict) -> str:
            f"Wall time: {study['seconds'] / 60:.1f} min", "",
            "Setting: " + study["setting"], "",
            "Result, " + result(study["points"]), "",
-           "| point | seeds | test top-1 % (mean) | min-max | std | "
-           "steps | steps/s |", "|---|---|---|---|---|---|---|"]
+           "| criterion | gap (points) | pooled seed spread | steps at "
+           "largest batch | control converged | verdict |",
+           "|---|---|---|---|---|---|"]
+  for v in study["verdicts"]:
+    lines.append(
+        f"| {v['criterion']} | {v['gap_points']:+.1f} | "
+        f"{v['pooled_spread_points']:.1f} | {v['steps_at_largest_batch']} "
+        f"(batch {v['largest_batch']}) | "
+        f"{'yes' if v['control_converged'] else 'not converged'} | "
+        f"{v['verdict']} |")
+  lines += ["", "Criteria, declared before the runs: " + " ".join(
+      study["criteria"]), "",
+            "| point | seeds | test top-1 % (mean) | min-max | std | "
+            "train loss | steps | steps/s |",
+            "|---|---|---|---|---|---|---|---|"]
   for p in study["points"]:
     lines.append(
         f"| {p['label']} | {p['seeds']} | {_percent(p['top1_mean'])} | "
         f"{_percent(p['top1_min'])}-{_percent(p['top1_max'])} | "
-        f"{_percent(p['top1_std'])} | {p['train_steps']} | "
+        f"{_percent(p['top1_std'])} | {p['train_loss']:.3f} | "
+        f"{p['train_steps']} | "
         f"{p['steps_per_sec']:.2f} |")
   shared = non_defaults(study["common_settings"])
   lines += ["", "Flags every run shares, where they differ from the "
@@ -102,9 +169,15 @@ def markdown(study: dict) -> str:
 
 
 def plot(study: dict, path: str) -> None:
-  """Top-1 per point with min-max bars, grouped by the first point key."""
-  figure = Figure(figsize=(7, 4))
-  axis = figure.add_subplot()
+  """Top-1 per point with min-max bars, grouped by the first point key;
+  for c, the training loss of the first seed's runs beside it."""
+  losses = study["x_key"] == "schedule"
+  figure = Figure(figsize=(12 if losses else 7, 4))
+  axis = figure.add_subplot(1, 2 if losses else 1, 1)
+  if losses:
+    _loss_curves(study, figure.add_subplot(1, 2, 2))
+  order = list(dict.fromkeys(dict(p["point"])[study["x_key"]]
+                             for p in study["points"]))
   series = {}
   for p in study["points"]:
     keys = dict(p["point"])
@@ -112,8 +185,7 @@ def plot(study: dict, path: str) -> None:
     name = ", ".join(f"{k}={v}" for k, v in keys.items() if k != x_key)
     series.setdefault(name or "top-1", []).append((keys[x_key], p))
   for name, items in series.items():
-    x = list(range(len(items))) if study["x_categorical"] else [
-        v for v, _ in items]
+    x = [order.index(v) if study["x_categorical"] else v for v, _ in items]
     mean = [100 * p["top1_mean"] for _, p in items]
     low = [100 * (p["top1_mean"] - p["top1_min"]) for _, p in items]
     high = [100 * (p["top1_max"] - p["top1_mean"]) for _, p in items]
@@ -125,16 +197,30 @@ def plot(study: dict, path: str) -> None:
     axis.set_xscale("log", base=2)
   if study["x_key"] == "bn_group_size":  # a: the cost of grouping
     cost = axis.twinx()
-    cost.plot(range(len(study["points"])),
-              [p["steps_per_sec"] for p in study["points"]], "s--",
+    cost.plot([order.index(dict(p["point"])["bn_group_size"])
+               for p in study["points"]],
+              [p["steps_per_sec"] for p in study["points"]], "s",
               color="grey", label="steps/s")
-    cost.set_ylabel("steps/s (dashed)")
+    cost.set_ylabel("steps/s (grey squares)")
   axis.set_xlabel(study["x_key"])
   axis.set_ylabel("test top-1 % (mean; bars: min-max over seeds)")
   axis.set_title(study["title"], fontsize=9)
   axis.legend(fontsize=7)
   figure.tight_layout()
   figure.savefig(path, dpi=100)
+
+
+def _loss_curves(study: dict, axis) -> None:
+  """Training loss per host loop against the step, first seed."""
+  seed = min(r["seed"] for r in study["runs"])
+  for r in study["runs"]:
+    if r["seed"] == seed:
+      steps, loss = zip(*r["train_losses"])
+      axis.plot(steps, loss, label=r["label"], linewidth=1)
+  axis.set_xlabel("step")
+  axis.set_ylabel(f"training loss per host loop (seed {seed})")
+  axis.set_xscale("log")
+  axis.legend(fontsize=7)
 
 
 def write(study: dict, output_dir: str) -> list[str]:

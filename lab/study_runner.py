@@ -1,5 +1,8 @@
 """Runs a study's TrainConfigs through resnet_tpu.run.run and times them.
 
+Project runs train lab/study_model.narrow_resnet as run()'s model_fn;
+stock-Keras runs go through lab/study_baseline.fit instead.
+
 Runs share one process, one after another: each gets its own model_dir and
 a fresh MirroredStrategy, whose collective keys are shifted first (as
 tests/conftest.py does) so that two strategies never share an instance.
@@ -25,32 +28,16 @@ from resnet_tpu.runtime import compat
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.train.metrics_log import read_metrics
 from resnet_tpu.run import run
+from lab import study_baseline
+from lab import study_model
 from lab import study_plan
 from lab import study_report
+from lab import study_verdict
 from lab.study_data import StudyData
 
 # Eval images per step over all replicas (divisible by 8 and by 2).
 EVAL_BATCH = 1000
 CALIBRATION_STEPS = 5
-TEXT = {
-    "a": ("a_distributed_bn", "a. Distributed BN with {per} images per "
-          "replica (Ying et al. 2018 §3.1)",
-          "BN statistics over too few images hurt accuracy; pooling them "
-          "over a group of replicas (distributed BN) recovers it, at the "
-          "cost of an all-reduce per BN layer.", "bn_group_size", True),
-    "b": ("b_large_batch", "b. Top-1 against the global batch at equal "
-          "epochs (Goyal 2017; Ying 2018 §3; Akiba 2017)",
-          "Momentum SGD with linear scaling and warm-up keeps small-batch "
-          "accuracy up to about 8k (Goyal et al.); LARS goes further, to 32k "
-          "(Ying et al. §3, after You et al. 2017); RMSprop warm-up with a "
-          "slow start trains at 32k (Akiba et al.); label smoothing helps "
-          "at large batches (Ying et al. §5).", "global_batch", False),
-    "c": ("c_batch_size_control", "c. Batch-size control against a fixed "
-          "final batch (Mikami et al. 2018)",
-          "Growing the batch during training is more stable than training "
-          "at the final, large batch from the start, at the same epochs.",
-          "batch_size_schedule", True),
-}
 
 
 def machine() -> str:
@@ -89,18 +76,22 @@ class Runner:
         model_dir="", data_dir=data.data_dir, strategy=strategy,
         resnet_depth=18, num_classes=data.num_classes, image_size=32,
         eval_batch_size=min(EVAL_BATCH, 8 * max(1, data.num_test // 8)),
-        num_eval_images=data.num_test, steps_per_loop=scale.steps_per_loop,
+        num_eval_images=data.num_test, num_train_images=data.num_train,
+        steps_per_loop=scale.steps_per_loop,
         keep_checkpoints=1, shuffle_buffer_size=data.num_train,
-        train_crop_min_area=0.25, label_smoothing=0.1)
+        train_crop_min_area=study_plan.SMALL_IMAGE_CROP,
+        label_smoothing=0.1)
     self._done: dict[str, dict] = {}
+    self._costs: dict[str, tuple[float, float, float]] = {}
     self._count = 0
 
-  def _key(self, cfg: TrainConfig) -> str:
-    return json.dumps(study_report.settings(cfg), sort_keys=True)
+  def _key(self, item: study_plan.Run) -> str:
+    return json.dumps([item.path, study_report.settings(item.cfg)],
+                      sort_keys=True)
 
   def execute(self, item: study_plan.Run, folder: str = "") -> dict:
     """Trains `item` (once per distinct config); returns its record."""
-    key = self._key(item.cfg)
+    key = self._key(item)
     if key in self._done:
       done = self._done[key]
       return dict(done, study=item.study, label=item.label,
@@ -110,57 +101,77 @@ class Runner:
                              f"{self._count:03d}")
     shutil.rmtree(model_dir, ignore_errors=True)
     cfg = dataclasses.replace(item.cfg, model_dir=model_dir)
-    compat.shift_collective_keys(tf.distribute.MirroredStrategy, 100000)
     start, cpu_start = time.time(), time.process_time()
-    run(cfg)
-    seconds, cpu_seconds = (time.time() - start,
-                            time.process_time() - cpu_start)
-    records = read_metrics(model_dir)
-    train = [r for r in records if r["split"] == "train"]
-    final = [r for r in records if r["split"] == "eval"][-1]
-    for name in os.listdir(model_dir):
-      if name.startswith(("ckpt", "checkpoint")):
-        os.remove(os.path.join(model_dir, name))
+    if item.path == "stock_keras":
+      record = study_baseline.fit(cfg)
+      record.update(top5=float("nan"), test_examples=self.data.num_test)
+    else:
+      compat.shift_collective_keys(tf.distribute.MirroredStrategy, 100000)
+      run(cfg, model_fn=study_model.narrow_resnet)
+      record = self._project_record(model_dir)
     keras.backend.clear_session()
     gc.collect()
-    record = {
-        "study": item.study, "label": item.label, "point": item.point,
-        "seed": item.seed, "top1": final["top1"], "top5": final["top5"],
-        "eval_loss": final["loss"], "test_examples": final["examples"],
-        "train_steps": final["step"], "images": sum(r["examples"]
-                                                    for r in train),
-        "steps_per_sec": steady_steps_per_sec(train), "seconds": seconds,
-        "cpu_seconds": cpu_seconds,
-        "settings": study_report.settings(cfg), "reused": False}
+    largest = max(b for _, b in cfg.clock.batch_size_schedule)
+    record.update(
+        study=item.study, label=item.label, point=item.point, seed=item.seed,
+        path=item.path, seconds=time.time() - start,
+        cpu_seconds=time.process_time() - cpu_start, largest_batch=largest,
+        steps_at_largest_batch=steps_at_batch(cfg, largest),
+        settings=study_report.settings(cfg), reused=False)
     self._done[key] = record
     logging.info("study %s, %s, seed %d: test top-1 %.4f over %d images, "
                  "%.2f steps/s, %.0f s", item.study, item.label, item.seed,
                  record["top1"], record["test_examples"],
-                 record["steps_per_sec"], seconds)
+                 record["steps_per_sec"], record["seconds"])
     return record
+
+  def _project_record(self, model_dir: str) -> dict:
+    """The run's final eval, its quarter evals and training losses."""
+    records = read_metrics(model_dir)
+    train = [r for r in records if r["split"] == "train"]
+    evals = [r for r in records if r["split"] == "eval"]
+    for name in os.listdir(model_dir):
+      if name.startswith(("ckpt", "checkpoint")):
+        os.remove(os.path.join(model_dir, name))
+    final = evals[-1]
+    return {"top1": final["top1"], "top5": final["top5"],
+            "eval_loss": final["loss"], "test_examples": final["examples"],
+            "train_steps": final["step"], "train_loss": train[-1]["loss"],
+            "images": sum(r["examples"] for r in train),
+            "steps_per_sec": steady_steps_per_sec(train),
+            "evals": [(r["step"], r["top1"]) for r in evals],
+            "train_losses": [(r["step"], r["loss"]) for r in train]}
 
   def execute_all(self, runs: list[study_plan.Run]) -> list[dict]:
     return [self.execute(r) for r in runs]
 
   def study(self, name: str, runs: list[study_plan.Run],
+            criteria: list[study_verdict.Criterion],
             extra: dict | None = None) -> list[str]:
-    """Runs `runs` and writes the study's md, json and png."""
+    """Runs `runs`, decides `criteria` and writes the md, json and png."""
     records = self.execute_all(runs)
-    file_name, title, claim, x_key, categorical = TEXT[name]
+    text = study_report.TEXT[name]
     study = dict(
-        name=file_name, title=title.format(per=self.scale.bn_per_replica),
-        claim=claim, x_key=x_key,
-        x_categorical=categorical, command=self.command, machine=machine(),
+        name=text.file_name, title=text.title.format(
+            per=self.scale.bn_per_replica), claim=text.claim,
+        x_key=text.x_key, x_categorical=text.categorical,
+        command=self.command, machine=machine(),
         date=datetime.date.today().isoformat(),
         seconds=sum(r["seconds"] for r in records if not r["reused"]),
-        setting=self.setting(name, runs),
-        scale=dataclasses.asdict(self.scale), source=self.data.name,
+        setting=study_report.setting(name, self.scale, self.data.name,
+                                     self.data.num_test),
+        network=study_model.NAME, scale=dataclasses.asdict(self.scale),
+        source=self.data.name,
+        criteria=[c.describe() for c in criteria],
+        verdicts=study_verdict.decide(criteria, records),
+        baseline_convergence=study_verdict.baseline_convergence(
+            records, study_plan.baselines(name, self.scale)),
         common_settings=study_report.common_settings(records),
         points=study_report.points(records), runs=records, **(extra or {}))
     return study_report.write(study, self.output_dir)
 
   def best_optimizer(self, records: list[dict], batch: int) -> str:
-    """The optimizer of the highest mean top-1 at `batch`."""
+    """The optimizer of the highest mean top-1 at `batch` (declared)."""
     at_batch = {}
     for r in records:
       point = dict(r["point"])
@@ -168,39 +179,21 @@ class Runner:
         at_batch.setdefault(point["optimizer"], []).append(r["top1"])
     return max(at_batch, key=lambda k: statistics.fmean(at_batch[k]))
 
-  def setting(self, name: str, runs: list[study_plan.Run]) -> str:
-    """One paragraph of what every run of the study shares."""
-    s, d = self.scale, self.data
-    shared = (f"ResNet-18 at 32 px on {d.num_train} training images of "
-              f"{d.name}, test top-1 over all {d.num_test} test "
-              f"images; Inception crop of at least 25% of the area "
-              f"(--train_crop_min_area=0.25), eval crop 0.875; "
-              f"{len(s.seeds)} seed(s) per point. Each run follows its "
-              f"recipe's 90-epoch schedule compressed into the images it "
-              f"sees (one recipe epoch = --num_train_images = "
-              f"{runs[0].cfg.num_train_images} images).")
-    if name == "a":
-      return (f"{s.replicas} CPU replicas x {s.bn_per_replica} images, "
-              f"{s.bn_steps} steps, momentum SGD (0.1 per 256 images, 5 "
-              f"warm-up epochs, x0.1 at 30/60/80), label smoothing 0.1. "
-              + shared)
-    return (f"{s.micro_replicas} CPU replicas x {s.micro_per_replica} "
-            f"images a micro-batch (the BN batch); larger global batches "
-            f"accumulate micro-batches; {s.passes:g} passes over the "
-            f"training images per run; LR rules of lab/study_plan.py; "
-            f"label smoothing 0.1 unless the point says 0.0. " + shared)
-
   def plan(self, names: list[str]) -> list[study_plan.Run]:
     """Every run the studies will train (b's last runs assume LARS)."""
-    runs = []
+    base, scale, runs = self.base, self.scale, []
     if "a" in names:
-      runs += study_plan.bn_runs(self.base, self.scale)
+      runs += study_plan.bn_runs(base, scale)
     if "b" in names:
-      runs += study_plan.large_batch_runs(self.base, self.scale)
-      runs += study_plan.label_smoothing_runs(self.base, self.scale, "lars")
+      runs += study_plan.large_batch_runs(base, scale)
+      runs += study_plan.label_smoothing_runs(base, scale, "lars")
     if "c" in names:
-      runs += study_plan.batch_control_runs(self.base, self.scale)
-    unique = {self._key(r.cfg): r for r in runs}
+      runs += study_plan.batch_control_runs(base, scale)
+    if "baseline" in names:
+      runs += study_plan.baseline_runs(base, scale)
+    if "crop" in names:
+      runs += study_plan.crop_runs(base, scale)
+    unique = {self._key(r): r for r in runs}
     return list(unique.values())
 
   def describe(self, plan: list[study_plan.Run]) -> str:
@@ -210,43 +203,67 @@ class Runner:
   def estimate(self, plan: list[study_plan.Run]) -> tuple[float, float]:
     """Wall and CPU seconds of the plan from a few timed steps of each kind.
 
-    Both include the calibration itself. The CPU seconds bound the wall
-    time on an idle machine: between them / cores and them.
+    Kinds already timed are not timed again (a shrunk plan times only its
+    new ones). The CPU seconds bound the wall time on an idle machine:
+    between them / cores and them. Each run's three quarter evals beyond
+    the one the calibration times are not counted (a few seconds each).
     """
-    start, cpu_start = time.time(), time.process_time()
-    costs = {}
-    for kind in sorted({kind_of(r.cfg) for r in plan}):
+    costs = self._costs
+    for kind in sorted({kind_of(r) for r in plan} - set(costs)):
       # The largest BN group of a kind costs the most.
-      example = max((r for r in plan if kind_of(r.cfg) == kind),
+      example = max((r for r in plan if kind_of(r) == kind),
                     key=lambda r: r.cfg.bn_group_size)
       costs[kind] = self._calibrate(example)
       logging.info("Calibration of %s: %.3f s a micro-step, %.0f s fixed "
                    "(start-up, tracing, eval, checkpoint), %.2f CPU s a "
                    "wall s", kind, *costs[kind])
     wall = cpu = 0.0
+    by_study: dict[str, float] = {}
     for r in plan:
-      step, fixed, cpu_per_wall = costs[kind_of(r.cfg)]
+      step, fixed, cpu_per_wall = costs[kind_of(r)]
       seconds = step * micro_steps(r.cfg) + fixed
       wall, cpu = wall + seconds, cpu + seconds * cpu_per_wall
-    return (wall + time.time() - start,
-            cpu + time.process_time() - cpu_start)
+      by_study[r.study] = by_study.get(r.study, 0.0) + seconds
+    logging.info("Estimated minutes by study (a run shared by two counts "
+                 "in the first): %s", ", ".join(
+                     f"{k} {v / 60:.0f}" for k, v in by_study.items()))
+    return wall, cpu
+
+  def rescale(self, scale: study_plan.Scale) -> None:
+    """Plans at `scale` from now on (its images, same data folder)."""
+    self.scale = scale
+    self.base = dataclasses.replace(self.base,
+                                    num_train_images=scale.num_train,
+                                    shuffle_buffer_size=scale.num_train)
 
   def _calibrate(self, item: study_plan.Run) -> tuple[float, float, float]:
     cfg = dataclasses.replace(
         item.cfg, batch_size_schedule="", train_steps=2 * CALIBRATION_STEPS,
         steps_per_loop=CALIBRATION_STEPS, train_epochs=0.0,
-        lr_schedule="constant", warmup_epochs=0.0)
+        lr_schedule="constant", warmup_epochs=0.0, eval_every_steps=0)
     record = self.execute(dataclasses.replace(item, cfg=cfg), "calibration")
     step = 1.0 / record["steps_per_sec"]
     return (step, max(0.0, record["seconds"] - 2 * CALIBRATION_STEPS * step),
             record["cpu_seconds"] / record["seconds"])
 
 
-def kind_of(cfg: TrainConfig) -> str:
+def kind_of(item: study_plan.Run) -> str:
   """Runs of one kind cost the same per micro-step."""
+  cfg = item.cfg
+  if item.path == "stock_keras":
+    return f"stock Keras, batch {cfg.clock.batch_size_schedule[-1][1]}"
   return (f"{cfg.num_cpu_replicas} replicas x "
           f"{cfg.global_batch_size // cfg.num_cpu_replicas} images, BN group "
           f"{'1' if cfg.bn_group_size == 1 else '>1'}")
+
+
+def steps_at_batch(cfg: TrainConfig, batch: int) -> int:
+  """Optimizer steps of a run taken at global batch `batch`."""
+  total = cfg.total_train_steps
+  starts = list(cfg.clock.phase_start_steps()) + [total]
+  return sum(min(end, total) - start for start, end, (_, b) in zip(
+      starts, starts[1:], cfg.clock.batch_size_schedule)
+      if b == batch and start < total)
 
 
 def micro_steps(cfg: TrainConfig) -> int:

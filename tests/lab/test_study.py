@@ -1,4 +1,5 @@
-"""lab/study.py --smoke runs every study end to end, so the tool cannot rot.
+"""lab/study.py --smoke runs every study end to end, so the tool cannot rot;
+the verdict rules of lab/study_verdict.py are checked on made-up numbers.
 
 The data are a made-up Fashion-MNIST in the package's own idx format (300
 training and 150 test images of a bar whose row is the class), so the test
@@ -17,11 +18,16 @@ import numpy as np
 import pytest
 
 from lab import study_data
+from lab import study_verdict as sv
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
-STUDIES = ("a_distributed_bn", "b_large_batch", "c_batch_size_control")
+STUDIES = ("a_distributed_bn", "b_large_batch", "c_batch_size_control",
+           "baseline_stock_keras", "crop_small_images")
 NUM_TEST = 100  # the smoke scale's test images (study_plan.SMOKE)
+BETTER = sv.Criterion("b beats a", (("x", "a"),), (("x", "b"),))
+SAME = sv.Criterion("b keeps a", (("x", "a"),), (("x", "b"),), sv.WITHIN,
+                    margin=1.0)
 
 
 def write_idx(path: str, array: np.ndarray) -> None:
@@ -57,6 +63,51 @@ def smoke(tmp_path_factory):
   return root
 
 
+# Seed spreads: [0.50, 0.52] and [0.60, 0.62] pool to 1.4 points.
+@pytest.mark.parametrize("criterion, control, treatment, expected", [
+    (BETTER, [0.50, 0.52], [0.60, 0.62], sv.HELD),  # +10 > 2 x 1.4
+    (BETTER, [0.60, 0.62], [0.50, 0.52], sv.NOT_HELD),  # -10 < -2 x 1.4
+    (BETTER, [0.50, 0.52], [0.51, 0.53], sv.UNDECIDED),  # +1 within 2.8
+    (SAME, [0.500, 0.501], [0.502, 0.503], sv.HELD),  # 0.2 +- 0.1 in 1
+    (SAME, [0.50, 0.52], [0.60, 0.62], sv.NOT_HELD),  # 10 - 2.8 > 1
+    (SAME, [0.50, 0.52], [0.51, 0.53], sv.UNDECIDED),  # 1 +- 2.8 spans 1
+    (SAME, [0.50, 0.52], [0.505, 0.525], sv.UNDECIDED),  # 0.5 +- 2.8
+    (BETTER, [0.10], [0.90], sv.UNDECIDED),  # one seed: no spread
+])
+def test_verdict_follows_the_pre_declared_rule(criterion, control, treatment,
+                                               expected):
+  result = sv.verdict(criterion, control, treatment)
+  assert result["verdict"] == expected, result
+
+
+def test_verdict_needs_paired_seeds():
+  with pytest.raises(ValueError, match="Paired seeds"):
+    sv.verdict(BETTER, [0.5, 0.6], [0.5])
+
+
+def test_converged_when_top1_at_75_percent_is_within_a_point_of_final():
+  assert sv.convergence([(25, 0.5), (75, 0.795), (100, 0.80)], 100)[
+      "converged"]
+  late_gain = sv.convergence([(25, 0.5), (75, 0.70), (100, 0.80)], 100)
+  assert not late_gain["converged"]
+  assert late_gain["gain_points"] == pytest.approx(10.0)
+
+
+def test_decide_pairs_seeds_and_reports_the_largest_batch_steps():
+  def record(x, seed, top1, batch, steps):
+    return {"point": (("x", x),), "seed": seed, "top1": top1,
+            "evals": [(75, top1), (100, top1)], "train_steps": 100,
+            "largest_batch": batch, "steps_at_largest_batch": steps}
+  records = [record("a", 0, 0.50, 32, 3000), record("a", 1, 0.52, 32, 3000),
+             record("b", 1, 0.62, 1024, 100), record("b", 0, 0.60, 1024, 100)]
+  result, = sv.decide([BETTER], records)
+  assert result["verdict"] == sv.HELD
+  assert result["gap_points"] == pytest.approx(10.0)
+  assert (result["largest_batch"], result["steps_at_largest_batch"]) == (
+      1024, 100)
+  assert result["control_converged"]
+
+
 def test_read_idx_reads_the_shape_and_bytes_of_an_idx_file(tmp_path):
   array = np.arange(24, dtype=np.uint8).reshape(2, 3, 4)
   write_idx(str(tmp_path / "x.gz"), array)
@@ -70,7 +121,9 @@ def test_smoke_study_writes_its_table_json_and_plot(smoke, name):
   for ext in (".md", ".json", ".png"):
     assert (out / (name + ext)).stat().st_size > 0, name + ext
   with open(out / (name + ".md")) as f:
-    assert "| point | seeds | test top-1 % (mean) |" in f.read()
+    text = f.read()
+  assert "| point | seeds | test top-1 % (mean) |" in text
+  assert "| criterion | gap (points) |" in text
 
 
 @pytest.mark.parametrize("name", STUDIES)
@@ -78,7 +131,8 @@ def test_every_run_is_recorded_with_its_config_and_every_test_image(smoke,
                                                                     name):
   with open(smoke / "out" / (name + ".json")) as f:
     study = json.load(f)
-  assert study["runs"] and study["points"]
+  assert study["runs"] and study["points"] and study["verdicts"]
+  assert study["criteria"] and study["baseline_convergence"]
   for run in study["runs"]:
     assert run["test_examples"] == NUM_TEST
     assert run["settings"]["num_eval_images"] == NUM_TEST

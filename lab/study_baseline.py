@@ -1,0 +1,108 @@
+"""The stock-Keras baseline: what a user writes before adopting a framework.
+
+The same narrow ResNet-10 (lab/study_model.py, stock layers) trained by a
+plain `model.fit` on one device: the TFRecords read by tf.data, decoded
+and resized to the image size (no crop, a random flip), momentum SGD with
+the study's LR rule (0.1 per 256 images, linear warm-up then cosine decay,
+as Goyal et al. 2017 §2 and keras.optimizers.schedules.CosineDecay), L2
+weight decay in the loss, the same label smoothing, batch and steps.
+Evaluation: plain resize of every test image. Nothing of the project's
+path (its input pipeline, zero-init gamma, distributed BN, its schedule
+code, its trainer) is used, so the comparison prices all of them at once.
+"""
+import time
+
+import keras
+import tensorflow as tf
+
+from resnet_tpu.config import TrainConfig
+from lab import study_model
+
+SHUFFLE_SEED_OFFSET = 1000
+EVALS = 4  # at each quarter of the run: the convergence check
+
+
+def _dataset(cfg: TrainConfig, split: str, training: bool) -> tf.data.Dataset:
+  files = tf.io.gfile.glob(f"{cfg.data_dir}/{split}-*-of-*")
+  features = {"image/encoded": tf.io.FixedLenFeature([], tf.string),
+              "image/class/label": tf.io.FixedLenFeature([], tf.int64)}
+
+  def decode(record):
+    parsed = tf.io.parse_single_example(record, features)
+    image = tf.image.resize(tf.io.decode_jpeg(parsed["image/encoded"], 3),
+                            [cfg.image_size, cfg.image_size])
+    if training:
+      image = tf.image.random_flip_left_right(image)
+    label = parsed["image/class/label"] - cfg.label_offset
+    return image, tf.one_hot(label, cfg.num_classes)
+
+  data = tf.data.TFRecordDataset(sorted(files))
+  if training:
+    data = data.repeat().shuffle(cfg.shuffle_buffer_size,
+                                 seed=cfg.seed + SHUFFLE_SEED_OFFSET)
+  batch = cfg.clock.batch_size_schedule[-1][1] if training else (
+      cfg.eval_batch_size)
+  return data.map(decode, tf.data.AUTOTUNE).batch(batch).prefetch(2)
+
+
+def schedule(cfg: TrainConfig, steps: int, batch: int
+             ) -> keras.optimizers.schedules.LearningRateSchedule:
+  """Linear warm-up to 0.1 * batch / 256, then cosine decay to 0."""
+  warmup = round(steps * cfg.warmup_epochs / cfg.total_train_epochs)
+  return keras.optimizers.schedules.CosineDecay(
+      0.0, max(1, steps - warmup), warmup_target=0.1 * batch / 256,
+      warmup_steps=warmup)
+
+
+class TrainTimer(keras.callbacks.Callback):
+  """Seconds of training steps after the first quarter (which traces),
+  evaluations left out: the steady steps/s the calibration needs."""
+
+  def __init__(self):
+    super().__init__()
+    self.seconds, self.steps, self._start = 0.0, 0, 0.0
+
+  def on_epoch_begin(self, epoch, logs=None):
+    self._epoch, self._start = epoch, time.time()
+
+  def on_train_batch_end(self, batch, logs=None):
+    self._last = time.time()
+    self._batches = batch + 1
+
+  def on_epoch_end(self, epoch, logs=None):
+    if epoch > 0:  # the first quarter traces the step
+      self.seconds += self._last - self._start
+      self.steps += self._batches
+
+
+def fit(cfg: TrainConfig) -> dict:
+  """Trains and evaluates the stock network at cfg's budget (momentum);
+  cfg's steps are a multiple of EVALS (study_plan.baseline_runs)."""
+  keras.utils.set_random_seed(cfg.seed)
+  steps = cfg.total_train_steps
+  batch = cfg.clock.batch_size_schedule[-1][1]
+  model = study_model.stock_narrow_resnet(cfg.num_classes, cfg.image_size,
+                                          cfg.weight_decay)
+  model.compile(
+      optimizer=keras.optimizers.SGD(schedule(cfg, steps, batch),
+                                     momentum=cfg.momentum),
+      loss=keras.losses.CategoricalCrossentropy(
+          from_logits=True, label_smoothing=cfg.label_smoothing),
+      metrics=["accuracy"])
+  quarter = steps // EVALS
+  timer = TrainTimer()
+  start = time.time()
+  history = model.fit(_dataset(cfg, "train", True), epochs=EVALS,
+                      steps_per_epoch=quarter, verbose=0, callbacks=[timer],
+                      validation_data=_dataset(cfg, "validation", False)
+                      ).history
+  seconds = time.time() - start
+  at = [quarter * (i + 1) for i in range(EVALS)]
+  return {"top1": float(history["val_accuracy"][-1]),
+          "eval_loss": float(history["val_loss"][-1]),
+          "train_loss": float(history["loss"][-1]),
+          "train_steps": quarter * EVALS, "images": quarter * EVALS * batch,
+          "steps_per_sec": timer.steps / max(timer.seconds, 1e-9),
+          "seconds": seconds,
+          "evals": [(s, float(t)) for s, t in zip(at, history["val_accuracy"])],
+          "train_losses": [(s, float(t)) for s, t in zip(at, history["loss"])]}

@@ -1,0 +1,100 @@
+"""The studies' network: a narrow ResNet-10 at 32 px, two ways.
+
+`narrow_resnet` is built from the project's own pieces (resnet.stack of
+resnet.basic_block, every BN a DistributedBatchNormalization of the run's
+--bn_group_size, zero-initialised gamma on each block's last BN as Goyal
+et al. 2017 §5.1, tensorflow/tpu's conv and logit initialisers) and is
+passed to resnet_tpu.run.run as its model_fn. It stands in for ResNet-50
+because the studies' claims are about what BN statistics, the optimizer
+and the batch schedule do to residual training (Ying et al. 2018 §3.1,
+§3; Goyal §2; Mikami et al. 2018 §3), not about depth or width: it keeps
+BN after every conv, identity-initialised residual blocks, the same head
+and the same distributed-BN path, at 1/4 of ResNet-18's widths (16 to 128
+channels, one block per stage, a 3x3 stem without max-pool for 32 px), so
+a 2-core machine can train it to convergence with >= 100 steps at the
+largest batch of each study.
+
+`stock_narrow_resnet` is the same topology from stock Keras layers (Conv2D
+with he_normal, BatchNormalization, gamma 1), the network a user would
+write before adopting a framework: the stock-Keras baseline trains it.
+"""
+import keras
+
+from resnet_tpu.config import TrainConfig
+from resnet_tpu.model import resnet
+from resnet_tpu.model.bfloat16_convs import Conv2D
+from resnet_tpu.model.distributed_batch_norm import (
+    DistributedBatchNormalization)
+
+WIDTHS = (16, 32, 64, 128)
+BLOCKS_PER_STAGE = 1
+NAME = "narrow ResNet-10 (widths 16-128, one basic block per stage)"
+
+
+def _head(x, num_classes: int, regularizer=None):
+  x = keras.layers.GlobalAveragePooling2D(name="avg_pool")(x)
+  return keras.layers.Dense(
+      num_classes, dtype="float32", kernel_regularizer=regularizer,
+      kernel_initializer=keras.initializers.RandomNormal(stddev=0.01),
+      name="logits")(x)
+
+
+def narrow_resnet(cfg: TrainConfig) -> keras.Model:
+  """The project's blocks and distributed BN at narrow widths (model_fn)."""
+  bn_args = {"momentum": cfg.bn_momentum, "epsilon": cfg.bn_epsilon,
+             "all_reduce": cfg.bn_all_reduce,
+             "collective_timeout_s": cfg.collective_timeout_s,
+             "groups": None}
+  inputs = keras.Input((cfg.image_size, cfg.image_size, 3), name="images")
+  x = keras.layers.Normalization(
+      mean=resnet.MEAN_RGB, variance=[s * s for s in resnet.STDDEV_RGB],
+      dtype="float32", name="normalize")(inputs)
+  x = Conv2D(WIDTHS[0], 3, padding="same", use_bias=False,
+             kernel_initializer=resnet.conv_initializer(),
+             name="stem_conv")(x)
+  x = DistributedBatchNormalization(group_size=cfg.bn_group_size,
+                                    name="stem_bn", **bn_args)(x)
+  x = keras.layers.ReLU(name="stem_relu")(x)
+  for stage, filters in enumerate(WIDTHS):
+    x = resnet.stack(x, resnet.basic_block, filters, BLOCKS_PER_STAGE,
+                     1 if stage == 0 else 2, cfg.bn_group_size,
+                     f"stage{stage + 1}", bn_args)
+  return keras.Model(inputs, _head(x, cfg.num_classes), name="narrow_resnet10")
+
+
+def _stock_block(x, filters: int, strides: int, name: str, conv):
+  shortcut = x
+  if strides > 1 or x.shape[-1] != filters:
+    shortcut = conv(filters, 1, strides, name=name + "_proj")(x)
+    shortcut = keras.layers.BatchNormalization(name=name + "_proj_bn")(
+        shortcut)
+  y = conv(filters, 3, strides, name=name + "_conv1")(x)
+  y = keras.layers.ReLU()(keras.layers.BatchNormalization(
+      name=name + "_bn1")(y))
+  y = conv(filters, 3, 1, name=name + "_conv2")(y)
+  y = keras.layers.BatchNormalization(name=name + "_bn2")(y)
+  return keras.layers.ReLU()(keras.layers.Add()([shortcut, y]))
+
+
+def stock_narrow_resnet(num_classes: int, image_size: int,
+                        weight_decay: float = 0.0) -> keras.Model:
+  """The same topology from stock Keras layers, inputs scaled to 0..1.
+
+  weight_decay: an L2 term of weight_decay / 2 * sum(w^2) per kernel.
+  """
+  l2 = keras.regularizers.L2(weight_decay / 2) if weight_decay else None
+
+  def conv(filters: int, kernel: int, strides: int, name: str):
+    return keras.layers.Conv2D(filters, kernel, strides, padding="same",
+                               use_bias=False, kernel_initializer="he_normal",
+                               kernel_regularizer=l2, name=name)
+
+  inputs = keras.Input((image_size, image_size, 3), name="images")
+  x = keras.layers.Rescaling(1 / 255)(inputs)
+  x = conv(WIDTHS[0], 3, 1, name="stem_conv")(x)
+  x = keras.layers.ReLU()(keras.layers.BatchNormalization(name="stem_bn")(x))
+  for stage, filters in enumerate(WIDTHS):
+    for i in range(BLOCKS_PER_STAGE):
+      x = _stock_block(x, filters, 2 if stage and not i else 1,
+                       f"stage{stage + 1}_block{i + 1}", conv)
+  return keras.Model(inputs, _head(x, num_classes, l2), name="stock_resnet10")
