@@ -75,3 +75,16 @@ def flip_bytes_in_record(path: str, records: list[bytes], index: int) -> int:
   with open(path, "wb") as f:
     f.write(bytes(data))
   return offset
+
+
+def corrupt_second_file(data_dir) -> str:
+  """2 training files of 6 records and a validation file, with a manifest;
+  the second training file has a CRC mismatch in its third record (same
+  size, so pre-flight passes it; 4 records lost per pass). Returns its
+  path."""
+  shards = write_shards(data_dir)
+  write_shards(data_dir, "validation", num_files=1)
+  write_manifest(data_dir, "train", shards)
+  path, records = list(shards.items())[1]
+  flip_bytes_in_record(path, records, 2)
+  return path

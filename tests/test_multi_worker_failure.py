@@ -36,27 +36,34 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER_SCRIPT = os.path.join(ROOT, "tests", "reliability_worker.py")
 
 
-def _start_workers(model_dir, log_dir, train_steps: int,
-                   *extra_flags: str) -> list[subprocess.Popen]:
+def start_workers(log_dir, flags: list[list[str]]) -> list[subprocess.Popen]:
+  """reliability_worker.py as worker `task` of a loopback cluster with
+  flags[task], its output in log_dir/worker_<task>.log."""
   cluster = {"worker": [f"127.0.0.1:{p}"
-                        for p in _free_loopback_ports(WORKERS)]}
+                        for p in _free_loopback_ports(len(flags))]}
   log_dir.mkdir(exist_ok=True)
   processes = []
-  for task in range(WORKERS):
+  for task, task_flags in enumerate(flags):
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=ROOT,
                TF_CPP_MIN_LOG_LEVEL="2", TF_CONFIG=json.dumps(
                    {"cluster": cluster,
                     "task": {"type": "worker", "index": task}}))
     with open(log_dir / f"worker_{task}.log", "w") as log:
       processes.append(subprocess.Popen(
-          [sys.executable, WORKER_SCRIPT, f"--model_dir={model_dir}",
-           "--strategy=multi_worker", "--use_synthetic_data",
-           "--num_classes=10", "--image_size=32", "--global_batch_size=4",
-           "--eval_batch_size=4", f"--train_steps={train_steps}",
-           "--steps_per_loop=5", "--checkpoint_every_steps=10",
-           "--lr_schedule=constant", "--warmup_epochs=0", *extra_flags],
-          env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT))
+          [sys.executable, WORKER_SCRIPT, *task_flags], env=env,
+          stdout=log, stderr=subprocess.STDOUT, cwd=ROOT))
   return processes
+
+
+def _start_workers(model_dir, log_dir, train_steps: int,
+                   *extra_flags: str) -> list[subprocess.Popen]:
+  flags = [f"--model_dir={model_dir}", "--strategy=multi_worker",
+           "--use_synthetic_data", "--num_classes=10", "--image_size=32",
+           "--global_batch_size=4", "--eval_batch_size=4",
+           f"--train_steps={train_steps}", "--steps_per_loop=5",
+           "--checkpoint_every_steps=10", "--lr_schedule=constant",
+           "--warmup_epochs=0", *extra_flags]
+  return start_workers(log_dir, [flags] * WORKERS)
 
 
 def _kill_all(processes) -> None:

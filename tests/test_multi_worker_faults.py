@@ -26,13 +26,13 @@ from resnet_tpu.train import checkpointing
 from resnet_tpu.train.metrics_log import read_metrics
 from test_multi_worker import _free_loopback_ports
 from test_multi_worker_failure import _kill_all
+from test_multi_worker_failure import start_workers
 
 WORKERS = 2
 # Start-up, a few steps and an eval of the tiny network on a loaded 2-core
 # machine.
 RUN_BOUND_S = 240
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WORKER_SCRIPT = os.path.join(ROOT, "tests", "reliability_worker.py")
 COMMON_FLAGS = ("--strategy=multi_worker", "--image_size=32",
                 "--global_batch_size=4", "--eval_batch_size=4",
                 "--lr_schedule=constant", "--warmup_epochs=0",
@@ -42,20 +42,11 @@ COMMON_FLAGS = ("--strategy=multi_worker", "--image_size=32",
 def _run_workers(log_dir, flags: list[list[str]]) -> list[int]:
   """Runs worker `task` with COMMON_FLAGS + flags[task]; returns the exit
   codes. Every process is killed once RUN_BOUND_S has passed."""
-  cluster = {"worker": [f"127.0.0.1:{p}"
-                        for p in _free_loopback_ports(WORKERS)]}
   log_dir.mkdir()
   processes = []
   try:
-    for task in range(WORKERS):
-      env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=ROOT,
-                 TF_CPP_MIN_LOG_LEVEL="2", TF_CONFIG=json.dumps(
-                     {"cluster": cluster,
-                      "task": {"type": "worker", "index": task}}))
-      with open(log_dir / f"worker_{task}.log", "w") as log:
-        processes.append(subprocess.Popen(
-            [sys.executable, WORKER_SCRIPT, *COMMON_FLAGS, *flags[task]],
-            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT))
+    processes = start_workers(log_dir, [[*COMMON_FLAGS, *task_flags]
+                                        for task_flags in flags])
     return [p.wait(timeout=RUN_BOUND_S) for p in processes]
   finally:
     _kill_all(processes)
@@ -71,12 +62,7 @@ def _damaged_data(data_dir) -> str:
   by worker 1, has a CRC mismatch in its third record (4 lost per pass).
   Returns its path."""
   data_dir.mkdir()
-  shards = damaged_shards.write_shards(data_dir)
-  damaged_shards.write_shards(data_dir, "validation", num_files=1)
-  damaged_shards.write_manifest(data_dir, "train", shards)
-  path, records = list(shards.items())[1]
-  damaged_shards.flip_bytes_in_record(path, records, 2)
-  return path
+  return damaged_shards.corrupt_second_file(data_dir)
 
 
 def _data_flags(tmp_path, *extra: str) -> list[str]:

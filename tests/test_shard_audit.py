@@ -208,11 +208,7 @@ def _corrupt_run(tmp_path, **overrides) -> tuple[TrainConfig, str]:
   third record (same size, so pre-flight passes it); returns (cfg, path)."""
   data_dir = tmp_path / "data"
   data_dir.mkdir()
-  shards = damaged_shards.write_shards(data_dir)
-  damaged_shards.write_shards(data_dir, "validation", num_files=1)
-  damaged_shards.write_manifest(data_dir, "train", shards)
-  path, records = list(shards.items())[1]
-  damaged_shards.flip_bytes_in_record(path, records, 2)
+  path = damaged_shards.corrupt_second_file(data_dir)
   cfg = dataclasses.replace(
       _train_config(data_dir), model_dir=str(tmp_path / "model"),
       strategy="cpu", num_cpu_replicas=2, image_size=32, global_batch_size=4,
