@@ -11,10 +11,9 @@ import collections
 
 import numpy as np
 import tensorflow as tf
-# pylint: disable-next=g-direct-tensorflow-import
-from tensorflow.python.tpu import tpu_system_metadata
 
 from resnet_tpu.parallel import tpu_layout
+from resnet_tpu.runtime import compat
 from simulated_slices import simulated_topology
 
 
@@ -31,9 +30,7 @@ class SimulatedSliceResolver(tf.distribute.cluster_resolver.TPUClusterResolver):
     devices = [tf.config.LogicalDevice(
         f"/job:worker/replica:0/task:{t}/device:TPU:{c}", "TPU")
                for t in range(hosts) for c in range(per_host)]
-    return tpu_system_metadata.TPUSystemMetadata(
-        num_cores=hosts * per_host, num_hosts=hosts,
-        num_of_cores_per_host=per_host, topology=topology, devices=devices)
+    return compat.tpu_system_metadata(topology, devices)
 
 
 def tpu_strategy(slice_name: str, bn_group_size: int):

@@ -135,3 +135,26 @@ def test_keras_batch_norm_still_takes_its_statistics_from_moments():
   layer = Recording()
   layer(tf.ones([2, 3]), training=True)
   assert calls == [(2, 3)]
+
+
+def test_tpu_system_metadata_is_what_tpu_strategy_reads():
+  """A TPUStrategy builds over a resolver answering with it, no TPU needed."""
+  from simulated_slices import simulated_topology  # pylint: disable=g-import-not-at-top
+  topology = simulated_topology("v3-8")
+  devices = [tf.config.LogicalDevice(f"/job:worker/replica:0/task:0/"
+                                     f"device:TPU:{i}", "TPU")
+             for i in range(8)]
+  metadata = compat.tpu_system_metadata(topology, devices)
+  assert (metadata.num_cores, metadata.num_hosts,
+          metadata.num_of_cores_per_host) == (8, 1, 8)
+  assert metadata.topology is topology and len(metadata.devices) == 8
+
+
+def test_dataset_graph_holds_the_pipelines_ops_and_functions():
+  dataset = tf.data.Dataset.range(4).map(lambda x: x * 2).batch(2)
+  graph = compat.dataset_graph(dataset)
+  ops = {node.op for node in graph.node}
+  assert {"RangeDataset", "MapDataset", "BatchDatasetV2"} <= ops
+  assert any(node.op == "Mul" for f in graph.library.function
+             for node in f.node_def)
+

@@ -14,6 +14,7 @@ from resnet_tpu.inputs import record_guards
 from resnet_tpu.inputs import input_pipeline
 from resnet_tpu import preflight
 from resnet_tpu import run as run_lib
+from resnet_tpu.runtime import compat
 from resnet_tpu.inputs import shard_audit
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.train.metrics_log import read_metrics
@@ -74,8 +75,7 @@ def test_the_training_input_counts_losses_without_running_python(damaged):
   data_dir = damaged[0]
   dataset = input_pipeline.train_dataset_fn(
       _config(data_dir), global_batch_size=2)(tf.distribute.InputContext())
-  graph = tf.compat.v1.GraphDef()
-  graph.ParseFromString(dataset._as_serialized_graph().numpy())  # pylint: disable=protected-access
+  graph = compat.dataset_graph(dataset)
   ops = {node.op for node in graph.node} | {
       node.op for function in graph.library.function
       for node in function.node_def}

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.framework import kernels as _kernels
+from tensorflow.python.tpu import tpu_system_metadata as _tpu_system_metadata
 from tensorflow.python.util import _pywrap_util_port
 
 # Keras 3's TensorFlow optimizer sums per-replica gradients here, once, in
@@ -117,3 +118,26 @@ def has_kernel(op_type: str, device_type: str = "") -> bool:
   registered = _kernels.get_registered_kernels_for_op(op_type).kernel
   return any(not device_type or k.device_type == device_type
              for k in registered)
+
+
+# --- graphs without a device (traced, never run) -------------------------------
+
+
+def tpu_system_metadata(topology: tf.tpu.experimental.Topology,
+                        devices: list[tf.config.LogicalDevice]):
+  """The TPUSystemMetadata a TPUClusterResolver answers for a slice of
+  `topology` with `devices`: what TPUStrategy reads at construction, so a
+  strategy over a simulated slice can trace TPU steps without a TPU."""
+  hosts, per_host = topology.num_tasks, topology.num_tpus_per_task
+  return _tpu_system_metadata.TPUSystemMetadata(
+      num_cores=hosts * per_host, num_hosts=hosts,
+      num_of_cores_per_host=per_host, topology=topology, devices=devices)
+
+
+def dataset_graph(dataset: tf.data.Dataset) -> tf.compat.v1.GraphDef:
+  """The GraphDef of a tf.data pipeline, its functions included."""
+  graph = tf.compat.v1.GraphDef()
+  # pylint: disable-next=protected-access
+  graph.ParseFromString(dataset._as_serialized_graph().numpy())
+  return graph
+
