@@ -6,7 +6,7 @@ r"""The papers' central claims, each testable either way, on real photos.
 Trains lab/study_model.py's narrow ResNet-10 through the real path:
 class-folder JPEGs -> data/build_tfrecords.py -> the input pipeline ->
 resnet_tpu.run.run(cfg, model_fn=...) on CPU replicas -> evaluation over
-every test image at each quarter of the run. The default data is
+every test image at 75 % of the run and at its end. The default data is
 Fashion-MNIST from Debian's dataset-fashion-mnist package, written once as
 32 px RGB JPEGs and cached (lab/study_data.py); --image_dir takes any
 train/<class>/ + validation/<class>/ (or test/<class>/) image set instead.

@@ -14,6 +14,7 @@ import dataclasses
 import datetime
 import gc
 import json
+import math
 import os
 import platform
 import shutil
@@ -82,7 +83,7 @@ class Runner:
         train_crop_min_area=study_plan.SMALL_IMAGE_CROP,
         label_smoothing=0.1)
     self._done: dict[str, dict] = {}
-    self._costs: dict[str, tuple[float, float, float]] = {}
+    self._costs: dict[str, tuple[float, float, float, float]] = {}
     self._count = 0
 
   def _key(self, item: study_plan.Run) -> str:
@@ -134,7 +135,8 @@ class Runner:
       if name.startswith(("ckpt", "checkpoint")):
         os.remove(os.path.join(model_dir, name))
     final = evals[-1]
-    return {"top1": final["top1"], "top5": final["top5"],
+    return {"top1": final["top1"],
+            "eval_seconds": final["examples"] / final["images_per_sec"], "top5": final["top5"],
             "eval_loss": final["loss"], "test_examples": final["examples"],
             "train_steps": final["step"], "train_loss": train[-1]["loss"],
             "images": sum(r["examples"] for r in train),
@@ -205,8 +207,9 @@ class Runner:
 
     Kinds already timed are not timed again (a shrunk plan times only its
     new ones). The CPU seconds bound the wall time on an idle machine:
-    between them / cores and them. Each run's three quarter evals beyond
-    the one the calibration times are not counted (a few seconds each).
+    between them / cores and them. The calibration's run evaluates once;
+    each further evaluation of a run (evaluations()) costs its kind's
+    eval seconds (stock Keras: the slowest project kind's).
     """
     costs = self._costs
     for kind in sorted({kind_of(r) for r in plan} - set(costs)):
@@ -216,12 +219,16 @@ class Runner:
       costs[kind] = self._calibrate(example)
       logging.info("Calibration of %s: %.3f s a micro-step, %.0f s fixed "
                    "(start-up, tracing, eval, checkpoint), %.2f CPU s a "
-                   "wall s", kind, *costs[kind])
+                   "wall s, %.0f s an evaluation", kind, *costs[kind])
     wall = cpu = 0.0
     by_study: dict[str, float] = {}
+    slowest_eval = max(c[3] for c in costs.values())
     for r in plan:
-      step, fixed, cpu_per_wall = costs[kind_of(r)]
-      seconds = step * micro_steps(r.cfg) + fixed
+      step, fixed, cpu_per_wall, eval_s = costs[kind_of(r)]
+      if r.path == "stock_keras":
+        eval_s = slowest_eval
+      seconds = (step * micro_steps(r.cfg) + fixed +
+                 (evaluations(r) - 1) * eval_s)
       wall, cpu = wall + seconds, cpu + seconds * cpu_per_wall
       by_study[r.study] = by_study.get(r.study, 0.0) + seconds
     logging.info("Estimated minutes by study (a run shared by two counts "
@@ -236,7 +243,8 @@ class Runner:
                                     num_train_images=scale.num_train,
                                     shuffle_buffer_size=scale.num_train)
 
-  def _calibrate(self, item: study_plan.Run) -> tuple[float, float, float]:
+  def _calibrate(self, item: study_plan.Run
+                 ) -> tuple[float, float, float, float]:
     cfg = dataclasses.replace(
         item.cfg, batch_size_schedule="", train_steps=2 * CALIBRATION_STEPS,
         steps_per_loop=CALIBRATION_STEPS, train_epochs=0.0,
@@ -244,7 +252,17 @@ class Runner:
     record = self.execute(dataclasses.replace(item, cfg=cfg), "calibration")
     step = 1.0 / record["steps_per_sec"]
     return (step, max(0.0, record["seconds"] - 2 * CALIBRATION_STEPS * step),
-            record["cpu_seconds"] / record["seconds"])
+            record["cpu_seconds"] / record["seconds"],
+            record.get("eval_seconds", 0.0))
+
+
+def evaluations(item: study_plan.Run) -> int:
+  """Evaluations of the test set a run makes (the last at its end)."""
+  if item.path == "stock_keras":
+    return study_baseline.EVALS
+  total = item.cfg.total_train_steps
+  every = item.cfg.eval_every_steps or total
+  return math.ceil(total / every)
 
 
 def kind_of(item: study_plan.Run) -> str:

@@ -147,3 +147,32 @@ def test_the_smoke_reads_jpegs_built_from_the_idx_files(smoke):
   assert counts == {"train": 200, "validation": NUM_TEST}
   assert sorted(os.listdir(folders / "train")) == list(
       study_data.FASHION_MNIST_CLASSES)
+
+
+def test_project_runs_evaluate_at_75_percent_and_at_the_end():
+  from lab import study_plan
+  from resnet_tpu.config import TrainConfig
+  base = TrainConfig(model_dir="", num_train_images=1000, label_smoothing=0.1)
+  for run in study_plan.crop_runs(base, study_plan.DEFAULT):
+    total = run.cfg.total_train_steps
+    every = run.cfg.eval_every_steps
+    evals = [s for s in range(1, total + 1) if s % every == 0 or s == total]
+    assert len(evals) == 2 and abs(evals[0] - 0.75 * total) <= 1, evals
+
+
+def test_the_estimate_prices_each_evaluation_after_the_calibrated_one(
+    tmp_path):
+  from lab import study_plan
+  from lab import study_runner
+  data = study_data.StudyData(str(tmp_path), 1000, 500, 10, "made up")
+  runner = study_runner.Runner(data, study_plan.SMOKE, str(tmp_path),
+                               str(tmp_path), "cpu", "")
+  plan = runner.plan(["crop", "baseline"])
+  # step s, fixed s, CPU s a wall s, eval s: made up, one kind each.
+  runner._costs = {study_runner.kind_of(r): (0.0, 0.0, 1.0, 10.0)
+                   for r in plan}
+  wall, _ = runner.estimate(plan)
+  stock = [r for r in plan if r.path == "stock_keras"]
+  assert stock and len(stock) < len(plan)
+  # Project runs: one more evaluation than the calibration's; stock: three.
+  assert wall == 10.0 * ((len(plan) - len(stock)) * 1 + len(stock) * 3)
