@@ -14,8 +14,8 @@ lab/study_plan.py defines the studies, their LR rules and their
 pre-declared criteria (lab/study_verdict.py):
 
   a  distributed BN (Ying et al. 2018 §3.1): BN over 4 images per replica
-     on 8 replicas against BN groups of 16 and 32 images, moving and
-     recomputed statistics;
+     on 8 replicas against a BN group of 32 images, moving and recomputed
+     statistics;
   b  large batches (Goyal 2017; Ying 2018 §3; Akiba 2017): a 32x span of
      batches at equal epochs for momentum SGD, LARS and RMSprop warm-up,
      then label smoothing off for the best at the largest batch;

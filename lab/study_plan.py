@@ -19,8 +19,8 @@ LR rules, one per optimizer, stated once here and never tuned per point
     90), cosine decay: their slow start's boundaries are absolute epochs
     (40, 70, 85 of 90) that a run of a few epochs never reaches.
 
-Studies: a (Ying §3.1) BN batch 4 per replica on 8 replicas against BN
-groups of 4 and 8 replicas (BN batch 16, 32); b (Goyal; Ying §3; Akiba)
+Studies: a (Ying §3.1) BN batch 4 per replica on 8 replicas against a BN
+group of 8 replicas (BN batch 32); b (Goyal; Ying §3; Akiba)
 a 32x span of batches at equal epochs, then label smoothing off for the
 best optimizer at the largest batch; c (Mikami et al. 2018) a growing
 batch against the final batch at equal epochs and at equal steps, and the
@@ -52,7 +52,7 @@ class Scale:
   batches: tuple[int, ...]  # b: global batches, the largest last
   growing: tuple[tuple[float, int], ...]  # c: (epoch fraction, batch)
   bn_epochs: float  # a: passes over the images
-  bn_groups: tuple[int, ...] = (1, 4, 8)
+  bn_groups: tuple[int, ...] = (1, 8)
   bn_replicas: int = 8
   bn_per_replica: int = 4
   micro_replicas: int = 2  # b, c: larger batches accumulate micro-batches
@@ -65,11 +65,12 @@ class Scale:
     return math.ceil(self.min_steps * max(self.batches) / self.num_train)
 
   def shrunk(self) -> "Scale":
-    """Half the images and half every batch: the same steps everywhere."""
+    """Half the images, half every batch of b and c and twice a's epochs
+    (a's batch is fixed by its replicas): the same steps everywhere."""
     def half(batch: int) -> int:
       return max(self.micro_replicas, batch // 2)
     return dataclasses.replace(
-        self, num_train=self.num_train // 2,
+        self, num_train=self.num_train // 2, bn_epochs=2 * self.bn_epochs,
         batches=tuple(half(b) for b in self.batches),
         growing=tuple((e, half(b)) for e, b in self.growing))
 

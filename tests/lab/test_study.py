@@ -8,6 +8,7 @@ path as `make study`: idx files -> class-folder JPEGs ->
 data/build_tfrecords.py -> resnet_tpu.run.run -> eval of every test image.
 No accuracy is asserted: results live in bench_results/studies.
 """
+import dataclasses
 import gzip
 import json
 import os
@@ -176,3 +177,21 @@ def test_the_estimate_prices_each_evaluation_after_the_calibrated_one(
   assert stock and len(stock) < len(plan)
   # Project runs: one more evaluation than the calibration's; stock: three.
   assert wall == 10.0 * ((len(plan) - len(stock)) * 1 + len(stock) * 3)
+
+
+def test_a_smaller_scale_keeps_every_run_s_steps():
+  from lab import study_plan
+  from resnet_tpu.config import TrainConfig
+  base = TrainConfig(model_dir="", label_smoothing=0.1)
+
+  def steps(scale):
+    sized = dataclasses.replace(base, num_train_images=scale.num_train)
+    plan = (study_plan.bn_runs(sized, scale)
+            + study_plan.large_batch_runs(sized, scale)
+            + study_plan.batch_control_runs(sized, scale)
+            + study_plan.baseline_runs(sized, scale)
+            + study_plan.crop_runs(sized, scale))
+    return [(r.study, r.seed, r.cfg.total_train_steps) for r in plan]
+
+  default = study_plan.DEFAULT
+  assert steps(default.shrunk().shrunk()) == steps(default)
