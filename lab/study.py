@@ -123,28 +123,32 @@ def run_studies(names: list[str], scale: study_plan.Scale,
 
 def fit_budget(names: list[str], runner: "study_runner.Runner",
                budget_s: float, shrink: bool) -> study_plan.Scale:
-  """Estimates the plan; halves its images until it fits `budget_s`."""
-  previous, previous_scale = float("inf"), runner.scale
+  """Estimates the plan; halves its images until it fits `budget_s`.
+
+  Every halving is estimated (a step's cost is not monotonic in its batch:
+  per-step overhead can dominate), up to MAX_HALVINGS; when none fits, the
+  cheapest scale is taken and said.
+  """
+  estimates = []
   for halvings in range(MAX_HALVINGS + 1):
     plan = runner.plan(names)
     wall, cpu = runner.estimate(plan)
+    estimates.append((wall, runner.scale))
     cores = os.cpu_count() or 1
     print(f"Estimated wall time of the plan at {runner.scale.num_train} "
           f"training images ({len(plan)} runs): {wall / 60:.0f} min at the "
           f"current load (average {os.getloadavg()[0]:.1f}); its "
           f"{cpu / 60:.0f} CPU-minutes take {cpu / cores / 60:.0f}-"
           f"{cpu / 60:.0f} min on an idle {cores}-core machine", flush=True)
-    if not shrink or wall <= budget_s or halvings == MAX_HALVINGS:
+    if not shrink or wall <= budget_s:
       return runner.scale
-    if wall > 0.9 * previous:
-      # Steps stay, so once a step costs its fixed overhead whatever the
-      # batch, fewer images save nothing: the plan itself must shrink.
-      print(f"Halving the images no longer saves time: the plan exceeds "
-            f"--budget_minutes={budget_s / 60:g}.", flush=True)
-      return previous_scale if previous < wall else runner.scale
-    previous, previous_scale = wall, runner.scale
-    runner.rescale(runner.scale.shrunk())
-  return runner.scale
+    if halvings < MAX_HALVINGS:
+      runner.rescale(runner.scale.shrunk())
+  wall, scale = min(estimates, key=lambda e: e[0])
+  print(f"No scale fits --budget_minutes={budget_s / 60:g}: the cheapest, "
+        f"{scale.num_train} training images, takes about {wall / 60:.0f} "
+        "min.", flush=True)
+  return scale
 
 
 def load_data(scale: study_plan.Scale) -> study_data.StudyData:

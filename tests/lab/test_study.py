@@ -195,3 +195,34 @@ def test_a_smaller_scale_keeps_every_run_s_steps():
 
   default = study_plan.DEFAULT
   assert steps(default.shrunk().shrunk()) == steps(default)
+
+
+class _FakeRunner:
+  """Estimates in minutes by training images, as the calibration would."""
+
+  def __init__(self, minutes: dict):
+    from lab import study_plan
+    self.scale, self.minutes = study_plan.DEFAULT, minutes
+
+  def plan(self, names):
+    return []
+
+  def estimate(self, plan):
+    return 60 * self.minutes[self.scale.num_train], 0.0
+
+  def rescale(self, scale):
+    self.scale = scale
+
+
+@pytest.mark.parametrize("minutes, budget, expected", [
+    # Per-step overhead: one halving saves nothing, the next does.
+    ({10240: 137, 5120: 133, 2560: 65}, 90, 2560),
+    ({10240: 80}, 90, 10240),
+    # Nothing fits: the cheapest, not the last.
+    ({10240: 137, 5120: 120, 2560: 125, 1280: 130, 640: 140}, 90, 5120),
+])
+def test_the_budget_fit_halves_the_images_until_the_plan_fits(
+    minutes, budget, expected):
+  from lab import study
+  runner = _FakeRunner(minutes)
+  assert study.fit_budget([], runner, 60 * budget, True).num_train == expected
