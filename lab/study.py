@@ -16,9 +16,9 @@ pre-declared criteria (lab/study_verdict.py):
   a  distributed BN (Ying et al. 2018 §3.1): BN over 4 images per replica
      on 8 replicas against a BN group of 32 images, moving and recomputed
      statistics;
-  b  large batches (Goyal 2017; Ying 2018 §3; Akiba 2017): a 32x span of
-     batches at equal epochs for momentum SGD, LARS and RMSprop warm-up,
-     then label smoothing off for the best at the largest batch;
+  b  large batches (Goyal 2017; Ying 2018 §3; Akiba 2017): the ends of a
+     32x span of batches at equal epochs for momentum SGD, LARS and RMSprop
+     warm-up, then label smoothing off for the best at the largest batch;
   c  batch-size control (Mikami et al. 2018): a growing batch against its
      final batch at equal epochs and at equal steps, and the small batch;
   baseline  the same network in stock Keras model.fit, equal budget;

@@ -66,7 +66,9 @@ def setting(name: str, scale, source: str, num_test: int) -> str:
     return (f"{scale.bn_replicas} CPU replicas x {scale.bn_per_replica} "
             f"images, {scale.bn_epochs:g} epochs, momentum SGD, label "
             f"smoothing 0.1. " + shared)
-  return (f"{scale.micro_replicas} CPU replicas; batches above the "
+  replicas = (f"{scale.micro_replicas} CPU replicas" if scale.micro_replicas
+              > 1 else "one CPU replica")
+  return (f"{replicas}; batches above the "
           f"smallest accumulate micro-batches of the smallest; "
           f"{scale.epochs:g} epochs (at least {scale.min_steps} steps at "
           f"the largest batch {max(scale.batches)}); label smoothing 0.1 "
