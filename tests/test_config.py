@@ -12,7 +12,7 @@ OK = dict(model_dir="/tmp/unused", use_synthetic_data=True, train_steps=1,
 
 
 def _config(**overrides) -> TrainConfig:
-  return TrainConfig(**{**OK, **overrides})
+  return TrainConfig.from_flat(**{**OK, **overrides})
 
 
 def test_a_good_config_validates():
@@ -68,7 +68,7 @@ def test_batch_size_schedule_sets_steps_from_epochs():
   cfg = _config(train_steps=0, train_epochs=2, num_train_images=1024,
                 batch_size_schedule="0:64,1:128")
   # 1024/64 steps in epoch 0, then 1024/128 in epoch 1.
-  assert cfg.total_train_steps == 16 + 8
+  assert cfg.run.total_train_steps == 16 + 8
 
 
 def _numeric_fields() -> list[str]:

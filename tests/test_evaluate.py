@@ -40,7 +40,7 @@ def trained(tmp_path_factory):
   # Each strategy numbers its collectives from one base; keep them apart
   # from other tests' strategies (as conftest.cpu_strategy does).
   compat.shift_collective_keys(tf.distribute.MirroredStrategy, 100000)
-  cfg = TrainConfig(
+  cfg = TrainConfig.from_flat(
       model_dir=str(root / "model"), data_dir=data_dir, resnet_depth=18,
       num_classes=CLASSES, image_size=32, strategy="cpu", num_cpu_replicas=2,
       bn_group_size=2, global_batch_size=8, eval_batch_size=EVAL_BATCH,

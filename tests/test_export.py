@@ -103,7 +103,7 @@ def run_dir(tmp_path_factory):
                  image_size=40)
   build(str(root / "images" / "validation"), str(root / "data"),
         "validation", 1)
-  cfg = TrainConfig(model_dir=str(root / "model"), data_dir=str(root / "data"),
+  cfg = TrainConfig.from_flat(model_dir=str(root / "model"), data_dir=str(root / "data"),
                     resnet_depth=18, num_classes=CLASSES, image_size=SIZE,
                     precision="bfloat16", bn_group_size=2, train_steps=1,
                     num_train_images=CLASSES,

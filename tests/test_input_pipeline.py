@@ -287,7 +287,7 @@ def test_bench_input_times_the_jpegs_of_a_folder(tmp_path):
 
 
 def test_run_hands_the_crop_and_resize_flags_to_the_pipeline():
-  cfg = TrainConfig(model_dir="/tmp/unused", eval_crop_fraction=0.6,
+  cfg = TrainConfig.from_flat(model_dir="/tmp/unused", eval_crop_fraction=0.6,
                     train_crop_min_area=0.3, train_crop_max_aspect=1.2,
                     train_resize_method="bicubic")
   assert input_config(cfg).crops == preprocessing.CropOptions(

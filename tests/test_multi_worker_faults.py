@@ -156,7 +156,7 @@ PREFLIGHT_THEN_STRATEGY = """
 import sys
 from resnet_tpu import preflight
 from resnet_tpu.config import TrainConfig
-cfg = TrainConfig(data_dir=sys.argv[1], model_dir=sys.argv[2], num_classes=3)
+cfg = TrainConfig.from_flat(data_dir=sys.argv[1], model_dir=sys.argv[2], num_classes=3)
 preflight.check_data_dir(cfg)
 preflight.check_model_dir(cfg)
 preflight.check_manifest(cfg)
