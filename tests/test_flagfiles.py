@@ -12,7 +12,6 @@ in flags/ are picked up by the glob. Each published recipe's LR at chosen
 steps (warm-up, decay boundaries, a batch-size switch, the last step) equals
 the closed form of the source its header cites.
 """
-import dataclasses
 import glob
 import math
 import os
@@ -267,7 +266,7 @@ LR_CASES = [
                          ids=lambda v: str(v) if isinstance(v, int) else None)
 def test_flagfile_lr_at_chosen_steps_matches_its_source(name, step, expected):
   cfg = parse_flagfile(os.path.join(FLAGS_DIR, name))
-  optimizer = build_optimizer_from_config(cfg)
+  optimizer = build_optimizer_from_config(cfg.optim, cfg.run)
   optimizer.iterations.assign(step)
   assert float(optimizer.learning_rate) == pytest.approx(
       expected, rel=1e-5, abs=1e-8)  # float32 rounding near the decay's end
@@ -278,7 +277,7 @@ def test_mikami_lr_does_not_jump_at_the_batch_size_switch():
   switch = cfg.run.clock.phase_start_steps()[1]
   batches = [cfg.run.clock.global_batch_at_step(s) for s in (switch - 1, switch)]
   assert batches == [34816, 69632]
-  optimizer = build_optimizer_from_config(cfg)
+  optimizer = build_optimizer_from_config(cfg.optim, cfg.run)
   lrs = []
   for step in (switch - 1, switch):
     optimizer.iterations.assign(step)

@@ -62,9 +62,10 @@ def split_files(data_dir: str, split: str) -> list[str]:
   files = sorted(tf.io.gfile.glob(pattern))
   if not files:
     raise ConfigError(
-        f"no TFRecord files match {pattern}; --data_dir must hold files named "
-        f"like {split}-00000-of-01024 (data/build_tfrecords.py or "
-        "tensorflow/tpu imagenet_to_gcs.py)")
+        f"--data_dir={data_dir!r} holds no '{split}-*-of-*' TFRecord files "
+        f"(no TFRecord files match {pattern}); expected the imagenet_to_gcs "
+        f"layout, e.g. {split}-00000-of-01024 (data/build_tfrecords.py or "
+        "tensorflow/tpu imagenet_to_gcs.py writes it).")
   return files
 
 
