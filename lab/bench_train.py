@@ -92,8 +92,8 @@ def step_timer(cfg: TrainConfig, model_fn, steps: int):
                     model_fn=model_fn)
   iterator = iter(trainer.strategy.distribute_datasets_from_function(
       input_pipeline.synthetic_dataset_fn(
-          cfg.model.image_size, cfg.model.num_classes, cfg.run.global_batch_size,
-          cfg.model.compute_dtype)))
+          cfg.model.image_size, cfg.model.num_classes,
+          cfg.run.global_batch_size, cfg.model.compute_dtype)))
   n = tf.constant(steps)
   bench_common.train_steps(trainer, iterator, n)  # trace + warm up
   seconds = lambda: bench_common.seconds_per_call(

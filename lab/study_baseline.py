@@ -81,7 +81,8 @@ def fit(cfg: TrainConfig) -> dict:
   keras.utils.set_random_seed(cfg.run.seed)
   steps = cfg.run.total_train_steps
   batch = cfg.run.clock.batch_size_schedule[-1][1]
-  model = study_model.stock_narrow_resnet(cfg.model.num_classes, cfg.model.image_size,
+  model = study_model.stock_narrow_resnet(cfg.model.num_classes,
+                                          cfg.model.image_size,
                                           cfg.optim.weight_decay)
   model.compile(
       optimizer=keras.optimizers.SGD(schedule(cfg, steps, batch),

@@ -251,8 +251,9 @@ def kind_of(item: study_plan.Run) -> str:
   cfg = item.cfg
   if item.path == "stock_keras":
     return f"stock Keras, batch {cfg.run.clock.batch_size_schedule[-1][1]}"
-  return (f"{cfg.distribution.num_cpu_replicas} replicas x "
-          f"{cfg.run.global_batch_size // cfg.distribution.num_cpu_replicas} images, BN group "
+  replicas = cfg.distribution.num_cpu_replicas
+  return (f"{replicas} replicas x "
+          f"{cfg.run.global_batch_size // replicas} images, BN group "
           f"{'1' if cfg.model.bn_group_size == 1 else '>1'}")
 
 

@@ -5,9 +5,10 @@ of its parts (input, model, optim, distribution, run: one per stage) or
 explicit arguments, and never reads FLAGS. Flags keep flat names, unique
 across the parts (FLAG_FIELDS). `validate` runs before any strategy
 start-up, so a bad setting fails in milliseconds with a `ConfigError` naming
-the flag; the data's files are the pre-flight's to check. This module and clock.py are the leaf of the
-package: they import nothing else of the project (and not TensorFlow), so
-flags parse before TensorFlow is imported.
+the flag; the data's files are the pre-flight's to check. This module and
+clock.py are the leaf of the package: they import nothing else of the
+project (and not TensorFlow), so flags parse before TensorFlow is
+imported.
 """
 import dataclasses
 import json

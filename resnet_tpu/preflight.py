@@ -67,8 +67,8 @@ def find_data_files(data_dir: str) -> DataFiles:
   has none."""
   if not tf.io.gfile.isdir(data_dir):
     raise ConfigError(f"--data_dir={data_dir!r} is not a directory.")
-  return DataFiles(*(tuple(input_pipeline.split_files(data_dir, split))
-                     for split in input_pipeline.SPLITS))
+  return DataFiles(**{split: tuple(input_pipeline.split_files(data_dir, split))
+                      for split in input_pipeline.SPLITS})
 
 
 def _first_record(files: Sequence[str]) -> tuple[bytes, str] | None:
@@ -125,12 +125,11 @@ def _warn_if_progressive(example: tf.train.Example, path: str) -> None:
 def check_data_dir(cfg: TrainConfig, files: DataFiles) -> None:
   """Raises ConfigError naming the file when the data cannot be trained on."""
   for split in input_pipeline.SPLITS:
-    split_files = getattr(files, split)
-    first = _first_record(split_files)
+    listed = getattr(files, split)
+    first = _first_record(listed)
     if first is None:
       raise ConfigError(f"--data_dir={cfg.input.data_dir!r}: the "
-                        f"{len(split_files)} "
-                       f"{split} files hold no records.")
+                        f"{len(listed)} {split} files hold no records.")
     example = _check_example(*first, cfg)
     if split == "train":
       _warn_if_progressive(example, first[1])

@@ -54,7 +54,8 @@ def test_evaluate_cli_reproduces_in_training_eval_of_same_checkpoint(
     trained):
   result = subprocess.run(
       [sys.executable, "-m", "tools.evaluate",
-       f"--saved_model={trained.run.export_dir}", f"--data_dir={trained.input.data_dir}",
+       f"--saved_model={trained.run.export_dir}",
+       f"--data_dir={trained.input.data_dir}",
        "--batch_size=5"],
       cwd=REPO, text=True, capture_output=True, timeout=120)
   assert result.returncode == 0, result.stderr[-3000:]
@@ -113,4 +114,5 @@ def test_bad_paths_give_clear_errors(trained, tmp_path):
   with pytest.raises(ValueError, match="no TFRecord files match"):
     evaluate.evaluate(trained.run.export_dir, str(tmp_path))
   with pytest.raises(ValueError, match="--batch_size must be >= 1"):
-    evaluate.evaluate(trained.run.export_dir, trained.input.data_dir, batch_size=0)
+    evaluate.evaluate(trained.run.export_dir, trained.input.data_dir,
+                      batch_size=0)

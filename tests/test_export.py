@@ -231,7 +231,8 @@ def test_config_json_records_the_network_and_labels_file(run_dir):
                                  "precision", "bn_group_size")} == {
       "resnet_depth": 18, "num_classes": CLASSES, "image_size": SIZE,
       "precision": "bfloat16", "bn_group_size": 2}
-  assert config["labels_file"] == os.path.join(cfg.input.data_dir, "synsets.txt")
+  assert config["labels_file"] == os.path.join(cfg.input.data_dir,
+                                               "synsets.txt")
 
 
 def test_named_checkpoint_is_restored_not_the_latest(run_dir):

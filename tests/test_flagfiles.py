@@ -160,7 +160,8 @@ def test_tpu_flagfiles_follow_the_route_tensorflow_documents(path):
   if replicas_of(path, cfg) <= ONE_HOST_TPU_REPLICAS:
     assert cfg.distribution.tpu == "local"
     return
-  assert cfg.distribution.tpu == "", f"{path}: a pod slice is named on the command line"
+  assert cfg.distribution.tpu == "", (
+      f"{path}: a pod slice is named on the command line")
   for said in ("worker 0 only", "--tpu=$TPU_NAME", "requirements-tpu-pod.txt",
                "tpu-vm-tf-*-pod"):
     assert said in header, f"{path} does not say {said!r}"
@@ -275,7 +276,8 @@ def test_flagfile_lr_at_chosen_steps_matches_its_source(name, step, expected):
 def test_mikami_lr_does_not_jump_at_the_batch_size_switch():
   cfg = parse_flagfile(os.path.join(FLAGS_DIR, "mikami2018_abci_2176gpu.cfg"))
   switch = cfg.run.clock.phase_start_steps()[1]
-  batches = [cfg.run.clock.global_batch_at_step(s) for s in (switch - 1, switch)]
+  batches = [cfg.run.clock.global_batch_at_step(s)
+             for s in (switch - 1, switch)]
   assert batches == [34816, 69632]
   optimizer = build_optimizer_from_config(cfg.optim, cfg.run)
   lrs = []

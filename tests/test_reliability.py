@@ -365,7 +365,8 @@ def test_default_flags_checkpoint_within_ten_minutes_without_an_eval(
   """A hard kill (no SIGTERM) then loses minutes, not the run."""
   images, labels = _batches(6)
   cfg = _config(tmp_path, train_steps=6, checkpoint_every_steps=0)
-  assert (cfg.run.checkpoint_every_minutes, cfg.run.eval_every_steps) == (10.0, 0)
+  assert (cfg.run.checkpoint_every_minutes,
+          cfg.run.eval_every_steps) == (10.0, 0)
   trainer = _trainer(cfg, cpu_strategy(1))
   # Each host loop reads the clock once: 4 minutes a loop; the timer
   # restarts (one more read) at the start and after each save.

@@ -16,7 +16,8 @@ def tiny_resnet(cfg: TrainConfig) -> keras.Model:
   x = keras.layers.Rescaling(1 / 255)(inputs)
   x = keras.layers.Conv2D(8, 3, strides=2, use_bias=False)(x)
   x = DistributedBatchNormalization(
-      group_size=cfg.model.bn_group_size, all_reduce=cfg.distribution.bn_all_reduce,
+      group_size=cfg.model.bn_group_size,
+      all_reduce=cfg.distribution.bn_all_reduce,
       collective_timeout_s=cfg.distribution.collective_timeout_s)(x)
   x = keras.layers.ReLU()(x)
   x = keras.layers.GlobalAveragePooling2D()(x)

@@ -222,8 +222,8 @@ def _synthetic_iterator(trainer: Trainer):
   cfg = trainer.cfg
   return iter(trainer.strategy.distribute_datasets_from_function(
       input_pipeline.synthetic_dataset_fn(
-          cfg.model.image_size, cfg.model.num_classes, cfg.run.global_batch_size,
-          cfg.transfer_dtype)))
+          cfg.model.image_size, cfg.model.num_classes,
+          cfg.run.global_batch_size, cfg.transfer_dtype)))
 
 
 def bfloat16_step(strategy, sizes: Sizes, tmp: str) -> Check:

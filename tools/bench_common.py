@@ -63,7 +63,8 @@ def keras_resnet50(cfg: TrainConfig) -> keras.Model:
   logits."""
   with dtype_policy(cfg.model.precision):
     return keras.applications.ResNet50(
-        weights=None, input_shape=(cfg.model.image_size, cfg.model.image_size, 3),
+        weights=None,
+        input_shape=(cfg.model.image_size, cfg.model.image_size, 3),
         classes=cfg.model.num_classes, classifier_activation=None)
 
 

@@ -9,9 +9,9 @@ Each host builds one pipeline per `tf.distribute.InputContext`:
   records become weight-0 examples, one by one: record_guards.py) -> batch per
   replica -> labels checked -> prefetch
 
-The fused map is ordered (deterministic=True) whatever `deterministic` says:
-the record index finds the rare record whose decode raised (record_guards.
-fill_gaps).
+The fused map is ordered (deterministic=True) whatever --deterministic_input
+says: the record index finds the rare record whose decode raised
+(record_guards.fill_gaps).
 
 Pipelines get whole files when there are at least as many files as pipelines;
 otherwise every pipeline reads every file in one fixed order and keeps every
@@ -232,8 +232,9 @@ def eval_dataset_fn(cfg: InputConfig, files: Sequence[str],
   """Finite eval dataset_fn: (images, labels, mask float32 [b]), fixed order.
 
   `files`: the validation split's. The first `num_examples` records are
-  evaluated (count_examples(files) of them for the whole split). Each pipeline yields exactly
-  eval_steps(num_examples, global_batch_size) batches per replica it feeds,
+  evaluated (count_examples(files) of them for the whole split). Each
+  pipeline yields exactly eval_steps(num_examples, global_batch_size)
+  batches per replica it feeds,
   padded with zero images of mask 0. Records, not files, are sharded, so
   shards differ by at most one example and always fit that many steps.
   """

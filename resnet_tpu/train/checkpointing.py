@@ -169,8 +169,8 @@ class Checkpoints:
           f"--model_dir={self.cfg.model_dir!r}: cannot restore {path} into "
           f"this run (--resnet_depth={self.cfg.model.resnet_depth}, "
           f"--num_classes={self.cfg.model.num_classes}, --optimizer="
-          f"{self.cfg.optim.optimizer}): {_first_line(error)}\nIf another network "
-          "wrote it, use a new --model_dir or that run's flags (its "
+          f"{self.cfg.optim.optimizer}): {_first_line(error)}\nIf another "
+          "network wrote it, use a new --model_dir or that run's flags (its "
           "config.json).") from error
     if damaged:
       raise ConfigError(

@@ -107,7 +107,8 @@ class ReplicaStep:
       logits = self.model(images, training=True)
       per_example, top1, top5, weight = self.losses_and_hits(logits, labels)
       # Scaled by the GLOBAL batch: the optimizer sums over replicas.
-      scale = tf.cast(self.cfg.run.global_batch_size * micro_batches, tf.float32)
+      scale = tf.cast(self.cfg.run.global_batch_size * micro_batches,
+                      tf.float32)
       loss = tf.reduce_sum(per_example) / scale
       if self._decayed:
         l2 = tf.add_n([tf.nn.l2_loss(v) for v in self._decayed])

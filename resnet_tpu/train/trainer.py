@@ -97,7 +97,8 @@ class Trainer:
 
   def accumulation_steps(self, step: int) -> int:
     """Micro-batches per optimizer step at `step` (Mikami et al.)."""
-    return self.clock.global_batch_at_step(step) // self.cfg.run.global_batch_size
+    return (self.clock.global_batch_at_step(step) //
+            self.cfg.run.global_batch_size)
 
   def restore(self) -> int:
     """Restores the newest intact checkpoint of model_dir; returns the step.
@@ -234,8 +235,9 @@ class Trainer:
       do_eval = evaluate is not None and (step % eval_every == 0 or
                                           step == total)
       if self._bn_recomputer and (do_save or do_eval):
-        self._bn_recomputer.recompute(train_iter, cfg.model.bn_recompute_batches)
-        self.input_batches.assign_add(cfg.model.bn_recompute_batches)
+        batches = cfg.model.bn_recompute_batches
+        self._bn_recomputer.recompute(train_iter, batches)
+        self.input_batches.assign_add(batches)
       if do_save or preempted:
         path = self.save()
         self.save_timer.restart()
