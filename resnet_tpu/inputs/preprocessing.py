@@ -33,8 +33,6 @@ from resnet_tpu.config import InputConfig
 # 224 / (224 + 32): tensorflow/tpu's eval crop at 224 px.
 EVAL_CROP_FRACTION = 0.875
 MIN_OBJECT_COVERED = 0.1
-ASPECT_RATIO_RANGE = (3.0 / 4.0, 4.0 / 3.0)
-AREA_RANGE = (0.08, 1.0)
 MAX_ATTEMPTS = 10
 
 
