@@ -46,9 +46,8 @@ def run(cfg: TrainConfig, model_fn: ModelFn | None = None,
   built strategy of cfg's kind (tests); None builds it (create_strategy).
   """
   # The strategy kind, decided once (before TensorFlow loads, in main.py).
-  dist = cfg.distribution
-  cfg = cfg.replace(strategy=process_setup.startup_kind(dist.strategy,
-                                                        dist.tpu))
+  cfg = cfg.replace(strategy=process_setup.startup_kind(
+      cfg.distribution.strategy, cfg.distribution.tpu))
   dist = cfg.distribution
   kind = dist.strategy
   build_cpu_replicas = kind == "cpu" and distribution is None
