@@ -10,7 +10,6 @@ and chosen its C++ log level, CPU kernels and TPU runtime
 (resnet_tpu/runtime/process_setup.py, tpu_runtime.py), which it reads once,
 when it loads: the flags and the config they fill import no TensorFlow.
 """
-import dataclasses
 import sys
 
 from absl import app
@@ -58,8 +57,7 @@ def main(argv: list[str], model_fn=None) -> None:
                "yes" if cpu_kernels.onednn_enabled() else "no")
   # tf.distribute logs every collective it builds at INFO; keep ours readable.
   tf.get_logger().setLevel("WARNING")
-  cfg = dataclasses.replace(resnet_flags.config_from_flags(FLAGS),
-                            strategy=kind)
+  cfg = resnet_flags.config_from_flags(FLAGS).replace(strategy=kind)
   try:
     result = run(cfg, model_fn=model_fn)
   except ConfigError as error:  # a user error: its message, no traceback

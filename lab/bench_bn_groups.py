@@ -34,7 +34,7 @@ def step_timer(strategy, group_size: int, depth: int, image_size: int,
                per_replica: int, steps: int, tmp: str, model_fn=None):
   """A callable timing one training step at `group_size`, warmed up."""
   batch = per_replica * REPLICAS
-  cfg = TrainConfig(
+  cfg = TrainConfig.from_flat(
       model_dir=f"{tmp}/group{group_size}", use_synthetic_data=True,
       resnet_depth=depth, num_classes=1000, image_size=image_size,
       bn_group_size=group_size, global_batch_size=batch,

@@ -40,6 +40,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from data import build_tfrecords  # noqa: E402
+from resnet_tpu.config import InputConfig  # noqa: E402
 from resnet_tpu.inputs import record_guards  # noqa: E402
 from resnet_tpu.runtime import host_memory  # noqa: E402
 from resnet_tpu.inputs import input_pipeline  # noqa: E402
@@ -158,10 +159,13 @@ def training_dataset(data_dir: str, image_size: int, batch_size: int,
                      threads: int, switches: dict) -> tf.data.Dataset:
   """resnet_tpu.inputs.input_pipeline's training dataset with the VARIANTS
   `switches`, one input pipeline, batches of `batch_size`."""
-  cfg = input_pipeline.InputConfig(data_dir=data_dir, image_size=image_size,
-                                   private_threadpool_size=threads,
-                                   **switches)
-  dataset_fn = input_pipeline.train_dataset_fn(cfg, batch_size)
+  switches = dict(switches)
+  dtype = switches.pop("dtype", "uint8")
+  cfg = InputConfig(data_dir=data_dir, private_threadpool_size=threads,
+                    **switches)
+  dataset_fn = input_pipeline.train_dataset_fn(
+      cfg, input_pipeline.split_files(data_dir, "train"), batch_size,
+      image_size=image_size, dtype=dtype)
   return dataset_fn(tf.distribute.InputContext())
 
 

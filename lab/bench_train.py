@@ -25,7 +25,6 @@ two variants on TensorFlow's bfloat16 conv kernels take many times longer per
 step on a CPU without bfloat16 arithmetic, so they take part in only the
 first --native_bf16_repetitions repetitions.
 """
-import dataclasses
 
 from resnet_tpu.runtime import process_setup
 
@@ -60,7 +59,7 @@ NATIVE_BF16 = ("keras_bfloat16", "ours_bfloat16_native")
 def ours_v1_layout(cfg: TrainConfig) -> keras.Model:
   """Our model with the stride on the first 1x1 conv, as Keras's ResNet50:
   the same FLOPs as the reference, so only our BN, loop and layers differ."""
-  return build_model(cfg, stride_in_3x3=False)
+  return build_model(cfg.model, cfg.distribution, stride_in_3x3=False)
 
 
 def forward_flops(model: keras.Model) -> int:
@@ -78,7 +77,7 @@ def forward_flops(model: keras.Model) -> int:
 def train_config(precision: str, image_size: int, batch: int, depth: int,
                  tmp: str) -> TrainConfig:
   """The 1-replica synthetic-data run every step benchmark times."""
-  return TrainConfig(
+  return TrainConfig.from_flat(
       model_dir=tmp, use_synthetic_data=True, resnet_depth=depth,
       num_classes=1000, image_size=image_size, precision=precision,
       global_batch_size=batch, eval_batch_size=batch, train_steps=1,
@@ -93,8 +92,8 @@ def step_timer(cfg: TrainConfig, model_fn, steps: int):
                     model_fn=model_fn)
   iterator = iter(trainer.strategy.distribute_datasets_from_function(
       input_pipeline.synthetic_dataset_fn(
-          cfg.image_size, cfg.num_classes, cfg.global_batch_size,
-          cfg.compute_dtype)))
+          cfg.model.image_size, cfg.model.num_classes,
+          cfg.run.global_batch_size, cfg.model.compute_dtype)))
   n = tf.constant(steps)
   bench_common.train_steps(trainer, iterator, n)  # trace + warm up
   seconds = lambda: bench_common.seconds_per_call(
@@ -145,7 +144,7 @@ def bench_models(image_size: int, batch: int, steps: dict[str, int],
         variants["ours_float32_glibc_malloc"] = (
             lambda s=seconds: batch / _with_glibc_malloc(s))
     if precision == "bfloat16":
-      native = dataclasses.replace(cfg, bfloat16_conv_kernels="native")
+      native = cfg.replace(bfloat16_conv_kernels="native")
       trainer, seconds = step_timer(native, None, steps[precision])
       variants["ours_bfloat16_native"] = lambda s=seconds: batch / s()
     if precision == "float32":

@@ -23,32 +23,32 @@ EVALS = 4  # at each quarter of the run: the convergence check
 
 
 def _dataset(cfg: TrainConfig, split: str, training: bool) -> tf.data.Dataset:
-  files = tf.io.gfile.glob(f"{cfg.data_dir}/{split}-*-of-*")
+  files = tf.io.gfile.glob(f"{cfg.input.data_dir}/{split}-*-of-*")
   features = {"image/encoded": tf.io.FixedLenFeature([], tf.string),
               "image/class/label": tf.io.FixedLenFeature([], tf.int64)}
 
   def decode(record):
     parsed = tf.io.parse_single_example(record, features)
     image = tf.image.resize(tf.io.decode_jpeg(parsed["image/encoded"], 3),
-                            [cfg.image_size, cfg.image_size])
+                            [cfg.model.image_size, cfg.model.image_size])
     if training:
       image = tf.image.random_flip_left_right(image)
-    label = parsed["image/class/label"] - cfg.label_offset
-    return image, tf.one_hot(label, cfg.num_classes)
+    label = parsed["image/class/label"] - cfg.input.label_offset
+    return image, tf.one_hot(label, cfg.model.num_classes)
 
   data = tf.data.TFRecordDataset(sorted(files))
   if training:
-    data = data.repeat().shuffle(cfg.shuffle_buffer_size,
-                                 seed=cfg.seed + SHUFFLE_SEED_OFFSET)
-  batch = cfg.clock.batch_size_schedule[-1][1] if training else (
-      cfg.eval_batch_size)
+    data = data.repeat().shuffle(cfg.input.shuffle_buffer_size,
+                                 seed=cfg.run.seed + SHUFFLE_SEED_OFFSET)
+  batch = cfg.run.clock.batch_size_schedule[-1][1] if training else (
+      cfg.run.eval_batch_size)
   return data.map(decode, tf.data.AUTOTUNE).batch(batch).prefetch(2)
 
 
 def schedule(cfg: TrainConfig, steps: int, batch: int
              ) -> keras.optimizers.schedules.LearningRateSchedule:
   """Linear warm-up to 0.1 * batch / 256, then cosine decay to 0."""
-  warmup = round(steps * cfg.warmup_epochs / cfg.total_train_epochs)
+  warmup = round(steps * cfg.optim.warmup_epochs / cfg.run.total_train_epochs)
   return keras.optimizers.schedules.CosineDecay(
       0.0, max(1, steps - warmup), warmup_target=0.1 * batch / 256,
       warmup_steps=warmup)
@@ -78,16 +78,17 @@ class TrainTimer(keras.callbacks.Callback):
 def fit(cfg: TrainConfig) -> dict:
   """Trains and evaluates the stock network at cfg's budget (momentum);
   cfg's steps are a multiple of EVALS (study_plan.baseline_runs)."""
-  keras.utils.set_random_seed(cfg.seed)
-  steps = cfg.total_train_steps
-  batch = cfg.clock.batch_size_schedule[-1][1]
-  model = study_model.stock_narrow_resnet(cfg.num_classes, cfg.image_size,
-                                          cfg.weight_decay)
+  keras.utils.set_random_seed(cfg.run.seed)
+  steps = cfg.run.total_train_steps
+  batch = cfg.run.clock.batch_size_schedule[-1][1]
+  model = study_model.stock_narrow_resnet(cfg.model.num_classes,
+                                          cfg.model.image_size,
+                                          cfg.optim.weight_decay)
   model.compile(
       optimizer=keras.optimizers.SGD(schedule(cfg, steps, batch),
-                                     momentum=cfg.momentum),
+                                     momentum=cfg.optim.momentum),
       loss=keras.losses.CategoricalCrossentropy(
-          from_logits=True, label_smoothing=cfg.label_smoothing),
+          from_logits=True, label_smoothing=cfg.optim.label_smoothing),
       metrics=["accuracy"])
   quarter = steps // EVALS
   timer = TrainTimer()

@@ -41,25 +41,28 @@ def _head(x, num_classes: int, regularizer=None):
 
 def narrow_resnet(cfg: TrainConfig) -> keras.Model:
   """The project's blocks and distributed BN at narrow widths (model_fn)."""
-  bn_args = {"momentum": cfg.bn_momentum, "epsilon": cfg.bn_epsilon,
-             "all_reduce": cfg.bn_all_reduce,
-             "collective_timeout_s": cfg.collective_timeout_s,
+  bn_args = {"momentum": cfg.model.bn_momentum,
+             "epsilon": cfg.model.bn_epsilon,
+             "all_reduce": cfg.distribution.bn_all_reduce,
+             "collective_timeout_s": cfg.distribution.collective_timeout_s,
              "groups": None}
-  inputs = keras.Input((cfg.image_size, cfg.image_size, 3), name="images")
+  size = cfg.model.image_size
+  inputs = keras.Input((size, size, 3), name="images")
   x = keras.layers.Normalization(
       mean=resnet.MEAN_RGB, variance=[s * s for s in resnet.STDDEV_RGB],
       dtype="float32", name="normalize")(inputs)
   x = Conv2D(WIDTHS[0], 3, padding="same", use_bias=False,
              kernel_initializer=resnet.conv_initializer(),
              name="stem_conv")(x)
-  x = DistributedBatchNormalization(group_size=cfg.bn_group_size,
+  x = DistributedBatchNormalization(group_size=cfg.model.bn_group_size,
                                     name="stem_bn", **bn_args)(x)
   x = keras.layers.ReLU(name="stem_relu")(x)
   for stage, filters in enumerate(WIDTHS):
     x = resnet.stack(x, resnet.basic_block, filters, BLOCKS_PER_STAGE,
-                     1 if stage == 0 else 2, cfg.bn_group_size,
+                     1 if stage == 0 else 2, cfg.model.bn_group_size,
                      f"stage{stage + 1}", bn_args)
-  return keras.Model(inputs, _head(x, cfg.num_classes), name="narrow_resnet10")
+  return keras.Model(inputs, _head(x, cfg.model.num_classes),
+                     name="narrow_resnet10")
 
 
 def _stock_block(x, filters: int, strides: int, name: str, conv):

@@ -132,8 +132,8 @@ def _evals(cfg: TrainConfig) -> TrainConfig:
   """Evaluates at 75 % of the run and at its end (the convergence check);
   one over every test image takes 10-15 s on 2 CPU cores, as long as 100
   to 400 training steps, so there are no others."""
-  return dataclasses.replace(
-      cfg, eval_every_steps=max(1, math.ceil(0.75 * cfg.total_train_steps)))
+  return cfg.replace(
+      eval_every_steps=max(1, math.ceil(0.75 * cfg.run.total_train_steps)))
 
 
 def bn_runs(base: TrainConfig, scale: Scale) -> list[Run]:
@@ -146,8 +146,8 @@ def bn_runs(base: TrainConfig, scale: Scale) -> list[Run]:
       if stats == "recompute" and group not in ends:
         continue
       for seed in scale.seeds:
-        cfg = dataclasses.replace(
-            base, num_cpu_replicas=scale.bn_replicas, bn_group_size=group,
+        cfg = base.replace(
+            num_cpu_replicas=scale.bn_replicas, bn_group_size=group,
             global_batch_size=batch, train_epochs=scale.bn_epochs,
             bn_stats=stats, seed=seed,
             **optimizer_rule("momentum", scale.bn_epochs))
@@ -196,8 +196,8 @@ def batch_run(study: str, base: TrainConfig, scale: Scale, optimizer: str,
                                      // scale.micro_replicas)
   # --batch_size_schedule takes whole epochs.
   text = ",".join(f"{round(f * epochs)}:{b}" for f, b in schedule)
-  cfg = dataclasses.replace(
-      base, num_cpu_replicas=scale.micro_replicas,
+  cfg = base.replace(
+      num_cpu_replicas=scale.micro_replicas,
       global_batch_size=min(micro, schedule[0][1]),
       batch_size_schedule=text, train_epochs=0.0 if train_steps else epochs,
       train_steps=train_steps, label_smoothing=label_smoothing, seed=seed,
@@ -244,7 +244,7 @@ def batch_control_runs(base: TrainConfig, scale: Scale) -> list[Run]:
   final, small = scale.growing[-1][1], scale.growing[0][1]
   growing = batch_run("c", base, scale, "lars", scale.growing, 0,
                       (("schedule", "growing"),))
-  equal_steps = growing.cfg.total_train_steps
+  equal_steps = growing.cfg.run.total_train_steps
   points = ((scale.growing, "growing", 0), (((0.0, final),),
             "final batch, equal epochs", 0), (((0.0, final),),
             "final batch, equal steps", equal_steps),
@@ -272,7 +272,7 @@ def baseline_runs(base: TrainConfig, scale: Scale) -> list[Run]:
   are a multiple of 4, the project's run is b's (trained once)."""
   batch = min(scale.batches)
   steps = batch_run("baseline", base, scale, "momentum", ((0.0, batch),),
-                    0, ()).cfg.total_train_steps
+                    0, ()).cfg.run.total_train_steps
   whole = steps % 4 == 0
   steps = 4 * math.ceil(steps / 4)  # model.fit evaluates each quarter
   runs = []

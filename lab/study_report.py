@@ -6,7 +6,6 @@ machine; the markdown and the plot are rendered from the same records, so
 what the README quotes is what was measured.
 """
 import collections
-import dataclasses
 import json
 import os
 import statistics
@@ -77,8 +76,7 @@ def setting(name: str, scale, source: str, num_test: int) -> str:
 
 def settings(cfg: TrainConfig) -> dict:
   """The config of a run as a dict, paths left out."""
-  return {k: v for k, v in dataclasses.asdict(cfg).items()
-          if k not in PATH_FIELDS}
+  return {k: v for k, v in cfg.flat().items() if k not in PATH_FIELDS}
 
 
 def common_settings(records: list[dict]) -> dict:
@@ -90,7 +88,7 @@ def common_settings(records: list[dict]) -> dict:
 
 def non_defaults(values: dict) -> dict:
   """The entries of `values` that differ from TrainConfig's defaults."""
-  defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+  defaults = TrainConfig("").flat()
   return {k: v for k, v in values.items() if defaults.get(k) != v}
 
 

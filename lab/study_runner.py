@@ -73,7 +73,7 @@ class Runner:
     self.scale, self.work_dir, self.output_dir = scale, work_dir, output_dir
     self.command, self.data = command, data
     # The study's fixed choices; the plans add each run's own.
-    self.base = TrainConfig(
+    self.base = TrainConfig.from_flat(
         model_dir="", data_dir=data.data_dir, strategy=strategy,
         resnet_depth=18, num_classes=data.num_classes, image_size=32,
         eval_batch_size=min(EVAL_BATCH, 8 * max(1, data.num_test // 8)),
@@ -101,7 +101,7 @@ class Runner:
     model_dir = os.path.join(self.work_dir, folder or item.study,
                              f"{self._count:03d}")
     shutil.rmtree(model_dir, ignore_errors=True)
-    cfg = dataclasses.replace(item.cfg, model_dir=model_dir)
+    cfg = item.cfg.replace(model_dir=model_dir)
     start, cpu_start = time.time(), time.process_time()
     if item.path == "stock_keras":
       record = study_baseline.fit(cfg)
@@ -112,7 +112,7 @@ class Runner:
       record = self._project_record(model_dir)
     keras.backend.clear_session()
     gc.collect()
-    largest = max(b for _, b in cfg.clock.batch_size_schedule)
+    largest = max(b for _, b in cfg.run.clock.batch_size_schedule)
     record.update(
         study=item.study, label=item.label, point=item.point, seed=item.seed,
         path=item.path, seconds=time.time() - start,
@@ -199,7 +199,7 @@ class Runner:
     return list(unique.values())
 
   def describe(self, plan: list[study_plan.Run]) -> str:
-    images = sum(micro_steps(r.cfg) * r.cfg.global_batch_size for r in plan)
+    images = sum(micro_steps(r.cfg) * r.cfg.run.global_batch_size for r in plan)
     return f"{images} training images in all"
 
   def estimate(self, plan: list[study_plan.Run]) -> tuple[float, float]:
@@ -215,7 +215,7 @@ class Runner:
     for kind in sorted({kind_of(r) for r in plan} - set(costs)):
       # The largest BN group of a kind costs the most.
       example = max((r for r in plan if kind_of(r) == kind),
-                    key=lambda r: r.cfg.bn_group_size)
+                    key=lambda r: r.cfg.model.bn_group_size)
       costs[kind] = self._calibrate(example)
       logging.info("Calibration of %s: %.3f s a micro-step, %.0f s fixed "
                    "(start-up, tracing, eval, checkpoint), %.2f CPU s a "
@@ -239,14 +239,13 @@ class Runner:
   def rescale(self, scale: study_plan.Scale) -> None:
     """Plans at `scale` from now on (its images, same data folder)."""
     self.scale = scale
-    self.base = dataclasses.replace(self.base,
-                                    num_train_images=scale.num_train,
-                                    shuffle_buffer_size=scale.num_train)
+    self.base = self.base.replace(num_train_images=scale.num_train,
+                                  shuffle_buffer_size=scale.num_train)
 
   def _calibrate(self, item: study_plan.Run
                  ) -> tuple[float, float, float, float]:
-    cfg = dataclasses.replace(
-        item.cfg, batch_size_schedule="", train_steps=2 * CALIBRATION_STEPS,
+    cfg = item.cfg.replace(
+        batch_size_schedule="", train_steps=2 * CALIBRATION_STEPS,
         steps_per_loop=CALIBRATION_STEPS, train_epochs=0.0,
         lr_schedule="constant", warmup_epochs=0.0, eval_every_steps=0)
     record = self.execute(dataclasses.replace(item, cfg=cfg), "calibration")
@@ -260,8 +259,8 @@ def evaluations(item: study_plan.Run) -> int:
   """Evaluations of the test set a run makes (the last at its end)."""
   if item.path == "stock_keras":
     return study_baseline.EVALS
-  total = item.cfg.total_train_steps
-  every = item.cfg.eval_every_steps or total
+  total = item.cfg.run.total_train_steps
+  every = item.cfg.run.eval_every_steps or total
   return math.ceil(total / every)
 
 
@@ -269,27 +268,28 @@ def kind_of(item: study_plan.Run) -> str:
   """Runs of one kind cost the same per micro-step."""
   cfg = item.cfg
   if item.path == "stock_keras":
-    return f"stock Keras, batch {cfg.clock.batch_size_schedule[-1][1]}"
-  return (f"{cfg.num_cpu_replicas} replicas x "
-          f"{cfg.global_batch_size // cfg.num_cpu_replicas} images, BN group "
-          f"{'1' if cfg.bn_group_size == 1 else '>1'}")
+    return f"stock Keras, batch {cfg.run.clock.batch_size_schedule[-1][1]}"
+  replicas = cfg.distribution.num_cpu_replicas
+  return (f"{replicas} replicas x "
+          f"{cfg.run.global_batch_size // replicas} images, BN group "
+          f"{'1' if cfg.model.bn_group_size == 1 else '>1'}")
 
 
 def steps_at_batch(cfg: TrainConfig, batch: int) -> int:
   """Optimizer steps of a run taken at global batch `batch`."""
-  total = cfg.total_train_steps
-  starts = list(cfg.clock.phase_start_steps()) + [total]
+  total = cfg.run.total_train_steps
+  starts = list(cfg.run.clock.phase_start_steps()) + [total]
   return sum(min(end, total) - start for start, end, (_, b) in zip(
-      starts, starts[1:], cfg.clock.batch_size_schedule)
+      starts, starts[1:], cfg.run.clock.batch_size_schedule)
       if b == batch and start < total)
 
 
 def micro_steps(cfg: TrainConfig) -> int:
   """Forward-backward passes of a run, accumulated micro-batches included."""
-  clock = cfg.clock
-  total = cfg.total_train_steps
+  clock = cfg.run.clock
+  total = cfg.run.total_train_steps
   starts = list(clock.phase_start_steps()) + [total]
-  return sum((min(b, total) - a) * batch // cfg.global_batch_size
+  return sum((min(b, total) - a) * batch // cfg.run.global_batch_size
              for a, b, (_, batch) in zip(starts, starts[1:],
                                          clock.batch_size_schedule)
              if a < total)

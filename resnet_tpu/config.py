@@ -1,11 +1,14 @@
 """The one validated, typed training configuration, and its config.json.
 
-main.py turns absl flags into a `TrainConfig`; library code takes it (or
-explicit arguments) and never reads FLAGS. `validate` runs before any
-strategy start-up, so a bad setting fails in milliseconds with a
-`ConfigError` naming the flag. This module and clock.py are the leaf of the
-package: they import nothing else of the project (and not TensorFlow), so
-flags parse before TensorFlow is imported.
+main.py turns absl flags into a `TrainConfig`; library code takes it, one
+of its parts (input, model, optim, distribution, run: one per stage) or
+explicit arguments, and never reads FLAGS. Flags keep flat names, unique
+across the parts (FLAG_FIELDS). `validate` runs before any strategy
+start-up, so a bad setting fails in milliseconds with a `ConfigError` naming
+the flag; the data's files are the pre-flight's to check. This module and
+clock.py are the leaf of the package: they import nothing else of the
+project (and not TensorFlow), so flags parse before TensorFlow is
+imported.
 """
 import dataclasses
 import json
@@ -46,12 +49,32 @@ class ConfigError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainConfig:
-  """Everything a training run needs; field names match the flags."""
-  model_dir: str
+class InputConfig:
+  """The input pipeline's part (inputs/input_pipeline.py, preprocessing.py):
+  where the records are and the §3.2 switches; the crop fields default to
+  ImageNet's."""
   data_dir: str = ""
   use_synthetic_data: bool = False
-  # Model.
+  label_offset: int = 1
+  cache_dataset: bool = False
+  shuffle_buffer_size: int = 1024
+  private_threadpool_size: int = 0
+  parallel_interleave: bool = True
+  parallel_map: bool = True
+  fused_decode_crop: bool = True
+  prefetch: bool = True
+  deterministic_input: bool = False
+  input_dtype: str = "uint8"
+  on_corrupt_shard: str = "skip"
+  eval_crop_fraction: float = 0.875
+  train_crop_min_area: float = 0.08
+  train_crop_max_aspect: float = 4.0 / 3.0
+  train_resize_method: str = "bilinear"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """The network's part (model/resnet.py): its shape, precision and BN."""
   resnet_depth: int = 50
   num_classes: int = 1000
   image_size: int = 224
@@ -62,30 +85,16 @@ class TrainConfig:
   bn_epsilon: float = 1e-5
   bn_stats: str = "moving_average"
   bn_recompute_batches: int = 10
-  # Distribution.
-  bn_all_reduce: str = "auto"
-  strategy: str = "auto"
-  tpu: str = ""
-  num_cpu_replicas: int = 1
-  gradient_all_reduce: str = "auto"
-  all_reduce_grid: str = ""
-  tpu_device_assignment: str = "default"
-  tpu_runtime: str = "auto"  # read before TensorFlow loads (tpu_runtime.py)
-  log_topology: bool = False
-  # Schedule of the run.
-  global_batch_size: int = 1024
-  eval_batch_size: int = 1024
-  train_steps: int = 0
-  train_epochs: float = 0.0
-  num_train_images: int = 0
-  num_eval_images: int = 0
-  steps_per_loop: int = 100
-  eval_every_steps: int = 0
-  checkpoint_every_steps: int = 0
-  checkpoint_every_minutes: float = 10.0
-  keep_checkpoints: int = 5
-  batch_size_schedule: str = ""
-  # Optimisation.
+
+  @property
+  def compute_dtype(self) -> str:
+    return "bfloat16" if self.precision == "bfloat16" else "float32"
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+  """The optimizer's part (optim/): the update rule, its LR schedule in
+  epochs, and the loss's smoothing and decay."""
   optimizer: str = "momentum"
   base_learning_rate: float = 0.1
   lr_schedule: str = "step"
@@ -102,43 +111,44 @@ class TrainConfig:
   rmsprop_warmup_period_epochs: float = 5.0
   label_smoothing: float = 0.1
   weight_decay: float = 1e-4
-  seed: int = 0
   skip_nonfinite_steps: bool = False
-  # Input pipeline.
-  label_offset: int = 1
-  cache_dataset: bool = False
-  shuffle_buffer_size: int = 1024
-  private_threadpool_size: int = 0
-  parallel_interleave: bool = True
-  parallel_map: bool = True
-  fused_decode_crop: bool = True
-  prefetch: bool = True
-  deterministic_input: bool = False
-  input_dtype: str = "uint8"
-  on_corrupt_shard: str = "skip"
-  eval_crop_fraction: float = 0.875
-  train_crop_min_area: float = 0.08
-  train_crop_max_aspect: float = 4.0 / 3.0
-  train_resize_method: str = "bilinear"
-  # Host.
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributionConfig:
+  """The replicas' part (parallel/, runtime/): the strategy, its all-reduces
+  and the host's tunings."""
+  strategy: str = "auto"
+  tpu: str = ""
+  num_cpu_replicas: int = 1
+  bn_all_reduce: str = "auto"
+  gradient_all_reduce: str = "auto"
+  all_reduce_grid: str = ""
+  tpu_device_assignment: str = "default"
+  tpu_runtime: str = "auto"  # read before TensorFlow loads (tpu_runtime.py)
+  log_topology: bool = False
   keep_host_memory: bool = True
   collective_timeout_s: float = 0.0
   cpu_onednn: str = "auto"  # read before TensorFlow loads (process_setup.py)
-  # Export.
-  export_dir: str = ""
 
-  @classmethod
-  def tiny(cls, model_dir: str, **overrides) -> "TrainConfig":
-    """A run of seconds on CPU replicas, for tests, demos and checks (as
-    big_vision's runlocal): ResNet-18 at 32 px, 10 classes, 2 replicas of 4
-    images, 2 steps in one host loop, 1,000 images an epoch, a constant LR
-    without warm-up. `overrides` set any field by name."""
-    values = dict(
-        model_dir=model_dir, resnet_depth=18, num_classes=10, image_size=32,
-        strategy="cpu", num_cpu_replicas=2, global_batch_size=8,
-        eval_batch_size=8, train_steps=2, steps_per_loop=2,
-        num_train_images=1000, lr_schedule="constant", warmup_epochs=0.0)
-    return cls(**{**values, **overrides})
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  """The run's part (train/): batches, length, cadence, seed and export."""
+  global_batch_size: int = 1024
+  eval_batch_size: int = 1024
+  train_steps: int = 0
+  train_epochs: float = 0.0
+  num_train_images: int = 0
+  num_eval_images: int = 0
+  steps_per_loop: int = 100
+  eval_every_steps: int = 0
+  checkpoint_every_steps: int = 0
+  checkpoint_every_minutes: float = 10.0
+  keep_checkpoints: int = 5
+  batch_size_schedule: str = ""
+  seed: int = 0
+  export_dir: str = ""
 
   @property
   def clock(self) -> EpochClock:
@@ -162,14 +172,83 @@ class TrainConfig:
       return self.train_epochs
     return self.clock.epoch_of_step(self.train_steps)
 
-  @property
-  def compute_dtype(self) -> str:
-    return "bfloat16" if self.precision == "bfloat16" else "float32"
+
+# The parts of a TrainConfig, by attribute, in the order of the flags.
+PARTS = {"input": InputConfig, "model": ModelConfig, "optim": OptimConfig,
+         "distribution": DistributionConfig, "run": RunConfig}
+
+
+def _flag_fields() -> dict[str, tuple[str, dataclasses.Field]]:
+  table = {}
+  for part, cls in PARTS.items():
+    for field in dataclasses.fields(cls):
+      if field.name in table or field.name == "model_dir":
+        raise TypeError(f"flag {field.name!r} is in two config parts")
+      table[field.name] = (part, field)
+  return table
+
+
+# Flag name -> (the part that holds it, its field); model_dir is the
+# TrainConfig's own. Flag names are unique across the parts.
+FLAG_FIELDS = _flag_fields()
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """Everything a training run needs: the model_dir and one part per stage.
+
+  Users (flags, tests, the lab) name fields flat, by flag name:
+  `from_flat`, `replace` and `flat` route each name to its part.
+  """
+  model_dir: str
+  input: InputConfig = InputConfig()
+  model: ModelConfig = ModelConfig()
+  optim: OptimConfig = OptimConfig()
+  distribution: DistributionConfig = DistributionConfig()
+  run: RunConfig = RunConfig()
+
+  @classmethod
+  def from_flat(cls, model_dir: str, **values) -> "TrainConfig":
+    """The config of flag-named `values`; the rest keep their defaults."""
+    return cls(model_dir).replace(**values)
+
+  @classmethod
+  def tiny(cls, model_dir: str, **overrides) -> "TrainConfig":
+    """A run of seconds on CPU replicas, for tests, demos and checks (as
+    big_vision's runlocal): ResNet-18 at 32 px, 10 classes, 2 replicas of 4
+    images, 2 steps in one host loop, 1,000 images an epoch, a constant LR
+    without warm-up. `overrides` set any field by flag name."""
+    values = dict(
+        resnet_depth=18, num_classes=10, image_size=32,
+        strategy="cpu", num_cpu_replicas=2, global_batch_size=8,
+        eval_batch_size=8, train_steps=2, steps_per_loop=2,
+        num_train_images=1000, lr_schedule="constant", warmup_epochs=0.0)
+    return cls.from_flat(model_dir, **{**values, **overrides})
+
+  def replace(self, **overrides) -> "TrainConfig":
+    """A copy with flag-named `overrides` set in their parts."""
+    unknown = sorted(set(overrides) - set(FLAG_FIELDS) - {"model_dir"})
+    if unknown:
+      raise TypeError(f"TrainConfig has no flags {unknown}")
+    changes = {"model_dir": overrides.pop("model_dir", self.model_dir)}
+    for part in PARTS:
+      mine = {name: value for name, value in overrides.items()
+              if FLAG_FIELDS[name][0] == part}
+      changes[part] = dataclasses.replace(getattr(self, part), **mine)
+    return dataclasses.replace(self, **changes)
+
+  def flat(self) -> dict:
+    """Flag name -> value, every field (config.json's record)."""
+    values = {"model_dir": self.model_dir}
+    for part in PARTS:
+      values.update(dataclasses.asdict(getattr(self, part)))
+    return values
 
   @property
   def transfer_dtype(self) -> str:
     """dtype of the image batches the input pipeline hands the replicas."""
-    return "uint8" if self.input_dtype == "uint8" else self.compute_dtype
+    return ("uint8" if self.input.input_dtype == "uint8" else
+            self.model.compute_dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,7 +280,7 @@ _NON_NEGATIVE = Range(0)
 _AT_LEAST_1 = Range(1)
 _FRACTION = Range(0, 1, high_open=True)  # [0, 1)
 
-# Every numeric field of TrainConfig and its range (a test walks them all).
+# Every numeric flag (FLAG_FIELDS) and its range (a test walks them all).
 RANGES: dict[str, Range] = {
     "num_classes": Range(2),
     "image_size": Range(MIN_IMAGE_SIZE),
@@ -243,7 +322,7 @@ RANGES: dict[str, Range] = {
     "end_learning_rate": _NON_NEGATIVE,
 }
 
-# Every enum field of TrainConfig and its choices (flags.py defines them).
+# Every enum flag and its choices (flags.py defines them).
 CHOICES: dict[str, tuple] = {
     "resnet_depth": RESNET_DEPTHS,
     "precision": PRECISIONS,
@@ -282,14 +361,13 @@ def parse_grid(text: str) -> tuple[int, int] | None:
 
 def _check_fields(cfg: TrainConfig) -> None:
   """Every field against RANGES and CHOICES."""
+  values = cfg.flat()
   for name, choices in CHOICES.items():
-    value = getattr(cfg, name)
-    _check(value in choices,
-           f"--{name} must be one of {choices}, got {value!r}.")
+    _check(values[name] in choices,
+           f"--{name} must be one of {choices}, got {values[name]!r}.")
   for name, allowed in RANGES.items():
-    value = getattr(cfg, name)
-    _check(allowed.contains(value),
-           f"--{name} must be {allowed}, got {value!r}.")
+    _check(allowed.contains(values[name]),
+           f"--{name} must be {allowed}, got {values[name]!r}.")
 
 
 def validate(cfg: TrainConfig, num_replicas: int | None = None) -> None:
@@ -297,82 +375,70 @@ def validate(cfg: TrainConfig, num_replicas: int | None = None) -> None:
 
   `num_replicas` is checked when known (it is, for CPU replicas, before the
   strategy starts); TPU/GPU replica counts are checked again after start-up.
+  The data's files are the pre-flight's (preflight.find_data_files).
   """
+  run, dist, optim = cfg.run, cfg.distribution, cfg.optim
   _check(bool(cfg.model_dir), "--model_dir is required.")
   _check_fields(cfg)
-  parse_grid(cfg.all_reduce_grid)
-  _check(cfg.train_steps > 0 or cfg.train_epochs > 0,
+  parse_grid(dist.all_reduce_grid)
+  _check(run.train_steps > 0 or run.train_epochs > 0,
          "Set --train_steps or --train_epochs (> 0).")
-  _check(not ((cfg.tpu or cfg.strategy == "tpu") and
-              cfg.gradient_all_reduce != "auto"),
+  _check(not ((dist.tpu or dist.strategy == "tpu") and
+              dist.gradient_all_reduce != "auto"),
          "--gradient_all_reduce=ring|2d|2d_ying is for GPU/CPU replicas; on "
          "TPU XLA sums gradients over the torus (use auto).")
-  _check(not (cfg.nesterov and cfg.optimizer == "rmsprop_warmup"),
+  _check(not (optim.nesterov and optim.optimizer == "rmsprop_warmup"),
          "--nesterov is not supported with --optimizer=rmsprop_warmup.")
-  _check(not (cfg.skip_nonfinite_steps and cfg.batch_size_schedule),
+  _check(not (optim.skip_nonfinite_steps and run.batch_size_schedule),
          "--skip_nonfinite_steps does not support --batch_size_schedule "
          "(gradient accumulation); a NaN/Inf loss there stops training.")
-  if cfg.batch_size_schedule:
+  if run.batch_size_schedule:
     try:
-      schedule = parse_batch_size_schedule(cfg.batch_size_schedule)
+      schedule = parse_batch_size_schedule(run.batch_size_schedule)
     except ValueError as e:
       raise ConfigError(str(e)) from None
     for _, batch in schedule:
-      _check(batch % cfg.global_batch_size == 0,
+      _check(batch % run.global_batch_size == 0,
              f"--batch_size_schedule batch {batch} must be a multiple of "
-             f"--global_batch_size={cfg.global_batch_size} (the micro-batch "
+             f"--global_batch_size={run.global_batch_size} (the micro-batch "
              "that is accumulated).")
-  if not cfg.use_synthetic_data:
-    _check_data_dir(cfg.data_dir)
+  _check(cfg.input.use_synthetic_data or bool(cfg.input.data_dir),
+         "--data_dir is required unless --use_synthetic_data is set.")
   if num_replicas is not None:
     validate_replicas(cfg, num_replicas)
 
 
-def _check_data_dir(data_dir: str) -> None:
-  """The folder exists and holds both splits (local, gs://, any filesystem
-  TensorFlow reads)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  _check(bool(data_dir),
-         "--data_dir is required unless --use_synthetic_data is set.")
-  _check(tf.io.gfile.isdir(data_dir), f"--data_dir={data_dir!r} is not a "
-         "directory.")
-  for split in ("train", "validation"):
-    _check(bool(tf.io.gfile.glob(os.path.join(data_dir,
-                                              f"{split}-*-of-*"))),
-           f"--data_dir={data_dir!r} holds no '{split}-*-of-*' TFRecord files "
-           "(expected imagenet_to_gcs layout, e.g. "
-           f"{split}-00000-of-00004; python -m data.build_tfrecords writes "
-           "it).")
-
-
 def validate_replicas(cfg: TrainConfig, num_replicas: int) -> None:
   """Checks the batch and BN-group sizes against the replica count."""
-  _check(cfg.global_batch_size % num_replicas == 0,
-         f"--global_batch_size={cfg.global_batch_size} must be divisible by "
+  run, dist = cfg.run, cfg.distribution
+  group_size = cfg.model.bn_group_size
+  _check(run.global_batch_size % num_replicas == 0,
+         f"--global_batch_size={run.global_batch_size} must be divisible by "
          f"the number of replicas ({num_replicas}).")
-  _check(cfg.eval_batch_size % num_replicas == 0,
-         f"--eval_batch_size={cfg.eval_batch_size} must be divisible by the "
+  _check(run.eval_batch_size % num_replicas == 0,
+         f"--eval_batch_size={run.eval_batch_size} must be divisible by the "
          f"number of replicas ({num_replicas}).")
-  _check(num_replicas % cfg.bn_group_size == 0,
-         f"--bn_group_size={cfg.bn_group_size} must divide the number of "
+  _check(num_replicas % group_size == 0,
+         f"--bn_group_size={group_size} must divide the number of "
          f"replicas ({num_replicas}).")
-  grid = parse_grid(cfg.all_reduce_grid)
-  if grid and cfg.gradient_all_reduce != "auto":
+  grid = parse_grid(dist.all_reduce_grid)
+  if grid and dist.gradient_all_reduce != "auto":
     _check(grid[0] * grid[1] == num_replicas,
-           f"--all_reduce_grid={cfg.all_reduce_grid} has {grid[0] * grid[1]} "
-           f"cells but there are {num_replicas} replicas.")
+           f"--all_reduce_grid={dist.all_reduce_grid} has "
+           f"{grid[0] * grid[1]} cells but there are {num_replicas} "
+           "replicas.")
 
 
 # --- config.json -------------------------------------------------------------
 
 
 def write_config(cfg: TrainConfig, labels_file: str = "") -> str:
-  """Writes `<model_dir>/config.json`: every TrainConfig field + labels_file.
+  """Writes `<model_dir>/config.json`: every flag's value + labels_file.
 
   The export and evaluation tools rebuild the network from it.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  record = dict(dataclasses.asdict(cfg), labels_file=labels_file)
+  record = dict(cfg.flat(), labels_file=labels_file)
   tf.io.gfile.makedirs(cfg.model_dir)
   path = os.path.join(cfg.model_dir, CONFIG_FILE)
   with tf.io.gfile.GFile(path, "w") as f:

@@ -23,7 +23,6 @@ label_offset is what the run subtracted from TFRecord labels),
 data_dir of the run had one, `labels_file`: an asset copied from the
 `synsets.txt` of data/build_tfrecords.py (`<class id>\\t<synset>` per line).
 """
-import dataclasses
 import os
 
 from absl import logging
@@ -72,8 +71,9 @@ def checkpoint_path(model_dir: str, checkpoint: str = "") -> str:
 
 def config_from_record(record: dict) -> TrainConfig:
   """The TrainConfig of a config.json record (fields it lacks: defaults)."""
-  names = {f.name for f in dataclasses.fields(TrainConfig)}
-  return TrainConfig(**{k: v for k, v in record.items() if k in names})
+  names = {"model_dir", *config_lib.FLAG_FIELDS}
+  return TrainConfig.from_flat(
+      **{k: v for k, v in record.items() if k in names})
 
 
 def restore_inference_model(config: dict, path: str) -> keras.Model:
@@ -82,8 +82,8 @@ def restore_inference_model(config: dict, path: str) -> keras.Model:
   Built outside any strategy; the optimizer state in the checkpoint is
   ignored, but every model variable must be restored.
   """
-  model = build_model(dataclasses.replace(config_from_record(config),
-                                          precision="float32"))
+  cfg = config_from_record(config).replace(precision="float32")
+  model = build_model(cfg.model, cfg.distribution)
   try:
     tf.train.Checkpoint(model=model).restore(
         path).expect_partial().assert_existing_objects_matched()

@@ -1,19 +1,16 @@
-"""absl flag definitions: one flag per TrainConfig field, same name.
+"""absl flag definitions: one flag per TrainConfig field, same flat name.
 
-Defaults come from TrainConfig, so the two cannot drift apart. Only main.py
-parses flags; `config_from_flags` turns the parsed values into a TrainConfig.
+Defaults come from the config's parts (config.FLAG_FIELDS), so the two
+cannot drift apart. Only main.py parses flags; `config_from_flags` turns the
+parsed values into a TrainConfig.
 """
-import dataclasses
-
 from absl import flags
 
 from resnet_tpu.config import CHOICES
+from resnet_tpu.config import FLAG_FIELDS
 from resnet_tpu.config import OPTIMIZERS
 from resnet_tpu.config import SCHEDULES
 from resnet_tpu.config import TrainConfig
-
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)
-             if f.default is not dataclasses.MISSING}
 
 HELP = {
     "model_dir": "Where checkpoints, TensorBoard logs and metrics.jsonl go.",
@@ -167,9 +164,10 @@ _ENUMS = {name: choices for name, choices in CHOICES.items()
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   """Defines one absl flag per TrainConfig field in `flag_values`."""
-  for field in dataclasses.fields(TrainConfig):
-    name, help_text = field.name, HELP[field.name]
-    default = _DEFAULTS.get(name)
+  flags.DEFINE_string("model_dir", None, HELP["model_dir"],
+                      flag_values=flag_values)
+  for name, (_, field) in FLAG_FIELDS.items():
+    help_text, default = HELP[name], field.default
     if name in _ENUMS:
       flags.DEFINE_enum(name, default, _ENUMS[name], help_text,
                         flag_values=flag_values)
@@ -189,5 +187,6 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 
 def config_from_flags(flag_values: flags.FlagValues) -> TrainConfig:
   """The TrainConfig of the parsed flags (not yet validated)."""
-  return TrainConfig(**{f.name: getattr(flag_values, f.name)
-                        for f in dataclasses.fields(TrainConfig)})
+  return TrainConfig.from_flat(
+      flag_values.model_dir,
+      **{name: getattr(flag_values, name) for name in FLAG_FIELDS})

@@ -2,9 +2,11 @@
 
 Starting a TPU pod slice or a multi-worker cluster and tracing ResNet-50
 takes minutes; a wrong --data_dir or --model_dir should not cost them.
-config.validate checks the flags themselves (folders exist, sizes agree);
-here the data and the model_dir are opened:
+config.validate checks the flags themselves (sizes agree); here the data
+and the model_dir are opened:
 
+* `find_data_files`: --data_dir is a folder holding train and validation
+  TFRecord files. The one glob of a run: every later step takes this list.
 * `check_data_dir`: the first record of the train and validation files is
   read: the files must be TFRecords of tf.train.Example with the features of
   input_pipeline.FEATURES, and the label must lie in [0, --num_classes)
@@ -27,6 +29,7 @@ import dataclasses
 import json
 import os
 import time
+from typing import Sequence
 
 from absl import logging
 import tensorflow as tf
@@ -51,7 +54,24 @@ IMAGENET_TRAIN_FILES = tuple(f"train-{i:05d}-of-01024" for i in range(1024))
 MAX_LISTED = 5
 
 
-def _first_record(files: list[str]) -> tuple[bytes, str] | None:
+@dataclasses.dataclass(frozen=True)
+class DataFiles:
+  """The sorted TFRecord files of each split, listed once."""
+  train: tuple[str, ...]
+  validation: tuple[str, ...]
+
+
+def find_data_files(data_dir: str) -> DataFiles:
+  """Lists the files of both splits in --data_dir (local, gs://, any
+  filesystem TensorFlow reads); ConfigError if it is not a folder or a split
+  has none."""
+  if not tf.io.gfile.isdir(data_dir):
+    raise ConfigError(f"--data_dir={data_dir!r} is not a directory.")
+  return DataFiles(**{split: tuple(input_pipeline.split_files(data_dir, split))
+                      for split in input_pipeline.SPLITS})
+
+
+def _first_record(files: Sequence[str]) -> tuple[bytes, str] | None:
   """The first record of the first non-empty file, and that file (read
   without starting TensorFlow's runtime: shard_audit.first_record)."""
   for path in files:
@@ -69,6 +89,7 @@ def _first_record(files: list[str]) -> tuple[bytes, str] | None:
 
 def _check_example(record: bytes, path: str,
                    cfg: TrainConfig) -> tf.train.Example:
+  label_offset, num_classes = cfg.input.label_offset, cfg.model.num_classes
   try:
     example = tf.train.Example.FromString(record)
   except message.DecodeError as e:
@@ -82,12 +103,11 @@ def _check_example(record: bytes, path: str,
         f"{missing}; it has {sorted(features)}. Expected "
         f"{sorted(input_pipeline.FEATURES)} (imagenet_to_gcs format).")
   labels = features["image/class/label"].int64_list.value
-  if len(labels) != 1 or not 0 <= labels[0] - cfg.label_offset < (
-      cfg.num_classes):
+  if len(labels) != 1 or not 0 <= labels[0] - label_offset < num_classes:
     raise ConfigError(
         f"The first record of {path} has image/class/label {list(labels)}; "
-        f"after subtracting --label_offset={cfg.label_offset} it must be one "
-        f"value in [0, --num_classes={cfg.num_classes}).")
+        f"after subtracting --label_offset={label_offset} it must be one "
+        f"value in [0, --num_classes={num_classes}).")
   return example
 
 
@@ -102,14 +122,14 @@ def _warn_if_progressive(example: tf.train.Example, path: str) -> None:
         "as baseline JPEGs (README 'Running for real').", path)
 
 
-def check_data_dir(cfg: TrainConfig) -> None:
+def check_data_dir(cfg: TrainConfig, files: DataFiles) -> None:
   """Raises ConfigError naming the file when the data cannot be trained on."""
   for split in input_pipeline.SPLITS:
-    files = input_pipeline.split_files(cfg.data_dir, split)
-    first = _first_record(files)
+    listed = getattr(files, split)
+    first = _first_record(listed)
     if first is None:
-      raise ConfigError(f"--data_dir={cfg.data_dir!r}: the {len(files)} "
-                       f"{split} files hold no records.")
+      raise ConfigError(f"--data_dir={cfg.input.data_dir!r}: the "
+                        f"{len(listed)} {split} files hold no records.")
     example = _check_example(*first, cfg)
     if split == "train":
       _warn_if_progressive(example, first[1])
@@ -126,9 +146,10 @@ def check_model_dir(cfg: TrainConfig) -> None:
     return
   with tf.io.gfile.GFile(path) as f:
     found = json.load(f)
-  differ = [f"--{key}={found[key]} there, {getattr(cfg, key)} here"
+  flat = cfg.flat()
+  differ = [f"--{key}={found[key]} there, {flat[key]} here"
             for key in CHECKPOINT_KEYS
-            if key in found and found[key] != getattr(cfg, key)]
+            if key in found and found[key] != flat[key]]
   if differ:
     raise ConfigError(
         f"--model_dir={cfg.model_dir!r} holds checkpoints of another "
@@ -136,9 +157,8 @@ def check_model_dir(cfg: TrainConfig) -> None:
         "over, or the same flags to resume.")
 
 
-def _manifest_mismatches(data_dir: str, split: str,
+def _manifest_mismatches(data_dir: str, split: str, found: Sequence[str],
                          listed: manifest.Split) -> list[str]:
-  found = input_pipeline.split_files(data_dir, split)
   paths = sorted(set(found) | {os.path.join(data_dir, n) for n in listed})
   sizes = manifest.file_sizes(paths)
   mismatches = []
@@ -155,100 +175,107 @@ def _manifest_mismatches(data_dir: str, split: str,
   return mismatches
 
 
-def check_manifest(cfg: TrainConfig) -> None:
+def check_manifest(cfg: TrainConfig, files: DataFiles) -> None:
   """Raises ConfigError naming every file whose size differs from
   manifest.json; warns that lost records cannot be counted without one."""
-  listed = manifest.read(cfg.data_dir)
-  verify = manifest.VERIFY_COMMAND.format(data_dir=cfg.data_dir)
+  data_dir = cfg.input.data_dir
+  listed = manifest.read(data_dir)
+  verify = manifest.VERIFY_COMMAND.format(data_dir=data_dir)
   if listed is None:
     logging.warning(
         "--data_dir=%s has no manifest.json: records lost to a truncated or "
         "corrupt file cannot be counted or their file named while training, "
         "and a truncated copy is not caught before start-up. `%s "
         "--write_manifest` checks every record and writes one.",
-        cfg.data_dir, verify)
+        data_dir, verify)
     return
   mismatches = []
   for split in [s for s in input_pipeline.SPLITS if s in listed]:
-    mismatches += _manifest_mismatches(cfg.data_dir, split, listed[split])
+    mismatches += _manifest_mismatches(data_dir, split, getattr(files, split),
+                                       listed[split])
   if mismatches:
     more = len(mismatches) - MAX_LISTED
     raise ConfigError(
-        f"--data_dir={cfg.data_dir!r} does not match its manifest.json: "
+        f"--data_dir={data_dir!r} does not match its manifest.json: "
         + "; ".join(mismatches[:MAX_LISTED])
         + (f"; and {more} more" if more > 0 else "")
         + f". A partial copy? `{verify}` checks every record; copy the "
         "files again, or rebuild them (data/build_tfrecords.py).")
 
 
-def resolve(cfg: TrainConfig) -> TrainConfig:
+def resolve(cfg: TrainConfig, files: DataFiles | None) -> TrainConfig:
   """`cfg` with what comes from the host and the data filled in: the
   strategy kind (process_setup.startup_kind, decided once) and the images
   of an epoch. After it no property of the config raises, and nothing
-  reads --strategy=auto or --num_train_images=0 again."""
-  return dataclasses.replace(
-      cfg, strategy=process_setup.startup_kind(cfg.strategy, cfg.tpu),
-      num_train_images=num_train_images(cfg))
+  reads --strategy=auto or --num_train_images=0 again. `files`: None with
+  --use_synthetic_data."""
+  dist = cfg.distribution
+  return cfg.replace(
+      strategy=process_setup.startup_kind(dist.strategy, dist.tpu),
+      num_train_images=num_train_images(cfg, files))
 
 
-def num_train_images(cfg: TrainConfig) -> int:
+def num_train_images(cfg: TrainConfig, files: DataFiles | None) -> int:
   """Images per epoch: --num_train_images, else the train records of
   manifest.json, else ImageNet's count for its 1024-file layout, else a
   count of the records (their framing read in every train file:
   shard_audit.count_records).
   Synthetic data stands in for ImageNet."""
-  if cfg.num_train_images:
-    return cfg.num_train_images
-  if cfg.use_synthetic_data:
+  if cfg.run.num_train_images:
+    return cfg.run.num_train_images
+  if cfg.input.use_synthetic_data:
     logging.info("--use_synthetic_data: an epoch is ImageNet's %s images "
                  "(--num_train_images sets it)", f"{IMAGENET_TRAIN_IMAGES:,}")
     return IMAGENET_TRAIN_IMAGES
-  listed = (manifest.read(cfg.data_dir) or {}).get("train")
+  data_dir = cfg.input.data_dir
+  listed = (manifest.read(data_dir) or {}).get("train")
   if listed:
     count = manifest.records(listed)
     logging.info("%s training images (manifest.json)", f"{count:,}")
     return count
-  files = input_pipeline.split_files(cfg.data_dir, "train")
-  if tuple(os.path.basename(f) for f in files) == IMAGENET_TRAIN_FILES:
+  train = files.train
+  if tuple(os.path.basename(f) for f in train) == IMAGENET_TRAIN_FILES:
     logging.info("ImageNet's 1024 training files: %s images (no "
                  "manifest.json to count them)", f"{IMAGENET_TRAIN_IMAGES:,}")
     return IMAGENET_TRAIN_IMAGES
   start = time.monotonic()
-  count = sum(map(shard_audit.count_records, files))
+  count = sum(map(shard_audit.count_records, train))
   logging.info("Counted %s training records in %d files in %.1f s (a "
                "manifest.json saves this: `%s --write_manifest`)",
-               f"{count:,}", len(files), time.monotonic() - start,
-               manifest.VERIFY_COMMAND.format(data_dir=cfg.data_dir))
+               f"{count:,}", len(train), time.monotonic() - start,
+               manifest.VERIFY_COMMAND.format(data_dir=data_dir))
   return count
 
 
 def schedule_warnings(cfg: TrainConfig) -> list[str]:
   """A line for the warm-up, the decays and the batch-size switches that
   lie beyond the end of the run; `cfg` has its num_train_images."""
-  clock, steps = cfg.clock, cfg.total_train_steps
-  run = (f"the run ({steps:,} steps, {cfg.total_train_epochs:.3g} epochs of "
-         f"--num_train_images={cfg.num_train_images:,})")
+  optim = cfg.optim
+  clock, steps = cfg.run.clock, cfg.run.total_train_steps
+  epochs = cfg.run.total_train_epochs
+  run = (f"the run ({steps:,} steps, {epochs:.3g} epochs of "
+         f"--num_train_images={cfg.run.num_train_images:,})")
   warnings = []
-  warmup_steps = clock.steps_for_epochs(cfg.warmup_epochs)
+  warmup_steps = clock.steps_for_epochs(optim.warmup_epochs)
   if warmup_steps > steps:
-    batch_scale = (1.0 if cfg.learning_rate_scaling == "none" else
+    batch_scale = (1.0 if optim.learning_rate_scaling == "none" else
                    clock.global_batch_at_step(steps - 1) / 256)
-    scaled = (cfg.base_learning_rate * batch_scale *
+    scaled = (optim.base_learning_rate * batch_scale *
               (schedules.SLOW_START_MULTIPLIERS[0]
-               if cfg.lr_schedule == "slow_start" else 1.0))
-    share = cfg.total_train_epochs / cfg.warmup_epochs
+               if optim.lr_schedule == "slow_start" else 1.0))
+    share = epochs / optim.warmup_epochs
     warnings.append(
-        f"--warmup_epochs={cfg.warmup_epochs:g} ({warmup_steps:,} steps) is "
+        f"--warmup_epochs={optim.warmup_epochs:g} ({warmup_steps:,} steps) is "
         f"longer than {run}; the LR peaks at {scaled * share:.3g}, "
         f"{share * 100:.2g}% of the {scaled:.3g} it would reach.")
   boundaries = {"step": schedules.STEP_BOUNDARIES,
                 "slow_start": schedules.SLOW_START_BOUNDARIES}
   late = [(epoch, clock.steps_for_epochs(epoch))
-          for epoch in boundaries.get(cfg.lr_schedule, ())
+          for epoch in boundaries.get(optim.lr_schedule, ())
           if clock.steps_for_epochs(epoch) >= steps]
   if late:
     warnings.append(
-        f"The decays of --lr_schedule={cfg.lr_schedule} at epochs "
+        f"The decays of --lr_schedule={optim.lr_schedule} at epochs "
         f"{', '.join(f'{e:g}' for e, _ in late)} (steps "
         f"{', '.join(f'{s:,}' for _, s in late)}) lie beyond the end of "
         f"{run}: the LR never decays there.")
@@ -272,11 +299,12 @@ IMAGENET_CROP_MIN_AREA = 0.08
 
 def input_notes(cfg: TrainConfig) -> list[str]:
   """Notes on the input settings worth a look, said once at start-up."""
-  if (cfg.use_synthetic_data or cfg.image_size > SMALL_IMAGE_SIDE
-      or cfg.train_crop_min_area > IMAGENET_CROP_MIN_AREA):
+  inputs, image_size = cfg.input, cfg.model.image_size
+  if (inputs.use_synthetic_data or image_size > SMALL_IMAGE_SIDE
+      or inputs.train_crop_min_area > IMAGENET_CROP_MIN_AREA):
     return []
-  return [f"--image_size={cfg.image_size} with ImageNet's Inception crop "
-          f"(--train_crop_min_area={cfg.train_crop_min_area:g}): a crop "
+  return [f"--image_size={image_size} with ImageNet's Inception crop "
+          f"(--train_crop_min_area={inputs.train_crop_min_area:g}): a crop "
           "can keep 8% of a small image and cut a centred object away; "
           "small images usually train better with a larger "
           "--train_crop_min_area."]

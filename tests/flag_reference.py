@@ -5,18 +5,16 @@
 tests/test_readme.py checks that README.md contains exactly this table, so
 the reference cannot drift from the code.
 """
-import dataclasses
-
-from resnet_tpu.config import TrainConfig
+from resnet_tpu.config import FLAG_FIELDS
 from resnet_tpu.flags import HELP
 
 
 def flag_table() -> str:
-  lines = ["| flag | default | meaning |", "|---|---|---|"]
-  for field in dataclasses.fields(TrainConfig):
-    default = "(required)" if field.default is dataclasses.MISSING else (
-        f"`{field.default!r}`" if field.default != "" else "`''`")
-    lines.append(f"| `--{field.name}` | {default} | {HELP[field.name]} |")
+  lines = ["| flag | part | default | meaning |", "|---|---|---|---|",
+           f"| `--model_dir` | | (required) | {HELP['model_dir']} |"]
+  for name, (part, field) in FLAG_FIELDS.items():
+    default = f"`{field.default!r}`" if field.default != "" else "`''`"
+    lines.append(f"| `--{name}` | {part} | {default} | {HELP[name]} |")
   return "\n".join(lines) + "\n"
 
 

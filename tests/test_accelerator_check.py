@@ -129,8 +129,8 @@ def test_bfloat16_step_fails_on_a_non_finite_loss(tmp_path, monkeypatch):
       lambda trainer: iter(trainer.strategy.distribute_datasets_from_function(
           lambda ctx: tf.data.Dataset.from_tensors(_nan_images(
               ctx.get_per_replica_batch_size(
-                  trainer.cfg.global_batch_size),
-              trainer.cfg.image_size)).repeat())))
+                  trainer.cfg.run.global_batch_size),
+              trainer.cfg.model.image_size)).repeat())))
   row = accelerator_rows.bfloat16_step(cpu_strategy(1), TINY, str(tmp_path))
   assert row.result == "FAIL" and row.measured["nonfinite_steps"] == 1
 

@@ -21,6 +21,7 @@ from resnet_tpu import preflight
 from resnet_tpu import run as run_lib
 from resnet_tpu.train import trainer as trainer_lib
 from resnet_tpu.config import ConfigError
+from resnet_tpu.config import InputConfig
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.parallel.strategy import Distribution
 from resnet_tpu.train.metrics_log import read_metrics
@@ -36,6 +37,15 @@ def _config(tmp_path, data_dir="", **overrides) -> TrainConfig:
       "data_dir": str(data_dir), "use_synthetic_data": not data_dir,
       "num_classes": CLASSES, "train_steps": 4, "steps_per_loop": 4,
       "num_train_images": 32, **overrides})
+
+
+def _train_fn(data_dir, global_batch_size: int, seed=None,
+              **overrides) -> input_pipeline.DatasetFn:
+  """The training input of data_dir's 32 px images, labels checked."""
+  return input_pipeline.train_dataset_fn(
+      InputConfig(data_dir=str(data_dir), **overrides),
+      input_pipeline.split_files(str(data_dir), "train"), global_batch_size,
+      image_size=32, num_classes=CLASSES, seed=seed)
 
 
 def _no_strategy(*args, **kwargs):
@@ -123,7 +133,8 @@ def test_progressive_training_jpegs_are_named_before_startup(
     _write(tmp_path / f"{split}-00000-of-00001",
            [imagenet_to_gcs_record(1, jpeg)])
   with caplog.at_level(logging.WARNING):
-    preflight.check_data_dir(_config(tmp_path, tmp_path))
+    preflight.check_data_dir(_config(tmp_path, tmp_path),
+                             preflight.find_data_files(str(tmp_path)))
   warned = "is a progressive JPEG" in caplog.text
   assert warned == progressive
   if progressive:
@@ -167,10 +178,7 @@ def test_label_outside_num_classes_in_a_later_record_stops_the_input(
     tmp_path):
   records = [imagenet_to_gcs_record(label, _jpeg()) for label in (1, 2, 11)]
   _write(tmp_path / "train-00000-of-00001", records)
-  cfg = input_pipeline.InputConfig(data_dir=str(tmp_path), image_size=32,
-                                   num_classes=CLASSES)
-  dataset = input_pipeline.train_dataset_fn(cfg, 3)(
-      tf.distribute.InputContext())
+  dataset = _train_fn(tmp_path, 3)(tf.distribute.InputContext())
   with pytest.raises(tf.errors.InvalidArgumentError,
                      match=r"outside \[0, --num_classes=10\) after "
                      r"subtracting --label_offset=1"):
@@ -211,10 +219,7 @@ def test_jpeg_that_passes_the_byte_check_but_fails_to_decode_weighs_0(
   records = [imagenet_to_gcs_record(label, jpeg) for label, jpeg in
              ((1, good), (2, header_damaged), (3, good))]
   _write(tmp_path / "train-00000-of-00001", records)
-  cfg = input_pipeline.InputConfig(data_dir=str(tmp_path), image_size=32,
-                                   num_classes=CLASSES, seed=0,
-                                   shuffle_buffer_size=1)
-  dataset = input_pipeline.train_dataset_fn(cfg, 1)(
+  dataset = _train_fn(tmp_path, 1, seed=0, shuffle_buffer_size=1)(
       tf.distribute.InputContext())
   labels = [int(label[0]) for _, label in dataset.take(6)]
   # The damaged record (label 1) takes its place with label -1 (weight 0).
@@ -240,10 +245,7 @@ def test_an_unparseable_record_is_one_weight_0_example_its_batch_intact(
   records = [imagenet_to_gcs_record(1 + i, _jpeg(i)) for i in range(8)]
   records[5] = _unparseable_records()[kind]
   _write(tmp_path / "train-00000-of-00001", records)
-  cfg = input_pipeline.InputConfig(data_dir=str(tmp_path), image_size=32,
-                                   num_classes=CLASSES, seed=0,
-                                   shuffle_buffer_size=1)
-  dataset = input_pipeline.train_dataset_fn(cfg, 4)(
+  dataset = _train_fn(tmp_path, 4, seed=0, shuffle_buffer_size=1)(
       tf.distribute.InputContext())
   labels = [int(label) for _, batch in dataset.take(2) for label in batch]
   # Known files name themselves (-2: file 0); a broken Example cannot.

@@ -137,10 +137,12 @@ def test_model_device_types_follow_the_strategy():
 ])
 def test_build_model_passes_the_setting(tmp_path, precision, setting,
                                         expected):
-  cfg = TrainConfig(model_dir=str(tmp_path), resnet_depth=18, num_classes=10,
-                    image_size=32, precision=precision,
-                    bfloat16_conv_kernels=setting)
-  convs = [l for l in build_model(cfg).layers if isinstance(l, Conv2D)]
+  cfg = TrainConfig.from_flat(model_dir=str(tmp_path), resnet_depth=18,
+                              num_classes=10, image_size=32,
+                              precision=precision,
+                              bfloat16_conv_kernels=setting)
+  convs = [l for l in build_model(cfg.model).layers
+           if isinstance(l, Conv2D)]
   assert len(convs) == 20  # 17 convs + 3 projections in ResNet-18
   assert all(c.float32_kernels is expected for c in convs)
 

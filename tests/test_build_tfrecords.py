@@ -12,6 +12,7 @@ import tensorflow as tf
 from data import build_tfrecords
 from data import make_synthetic
 from resnet_tpu.inputs import record_guards
+from resnet_tpu.config import InputConfig
 from resnet_tpu.inputs import input_pipeline
 from resnet_tpu.inputs import manifest
 from resnet_tpu.inputs import preprocessing
@@ -55,9 +56,9 @@ def test_labels_round_trip_synset_to_1_based_label_to_0_based_class(tmp_path):
           for r in records} == {(s, i + 1) for i, s in enumerate(synsets)}
   assert build_tfrecords.read_synsets(os.path.join(out, "synsets.txt")) == (
       synsets)
-  cfg = input_pipeline.InputConfig(data_dir=out, image_size=8)
-  dataset = input_pipeline.eval_dataset_fn(cfg, 6, 6)(
-      tf.distribute.InputContext())
+  dataset = input_pipeline.eval_dataset_fn(
+      InputConfig(data_dir=out), input_pipeline.split_files(out, "validation"),
+      6, 6, image_size=8)(tf.distribute.InputContext())
   images, labels, _ = next(iter(dataset))
   for image, label in zip(images.numpy(), labels.numpy()):
     assert abs(image.mean() - GREY[synsets[label]]) < 2
@@ -295,5 +296,5 @@ def test_command_lines_make_synthetic_then_build_then_count(tmp_path):
   run("data.build_tfrecords", f"--input_dir={tmp_path / 'images' / 'train'}",
       f"--output_dir={tmp_path / 'records'}", "--split=train",
       "--num_shards=2", "--num_workers=2")
-  assert input_pipeline.count_examples(str(tmp_path / "records"),
-                                       "train") == 12
+  assert input_pipeline.count_examples(input_pipeline.split_files(
+      str(tmp_path / "records"), "train")) == 12

@@ -1,9 +1,8 @@
 """Bad flag values and combinations fail before start-up, naming the flag."""
-import dataclasses
-
 import pytest
 
 from resnet_tpu import config as config_lib
+from resnet_tpu import preflight
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.config import validate
 
@@ -12,7 +11,7 @@ OK = dict(model_dir="/tmp/unused", use_synthetic_data=True, train_steps=1,
 
 
 def _config(**overrides) -> TrainConfig:
-  return TrainConfig(**{**OK, **overrides})
+  return TrainConfig.from_flat(**{**OK, **overrides})
 
 
 def test_a_good_config_validates():
@@ -54,26 +53,25 @@ def test_missing_data_dir_is_rejected(tmp_path):
   with pytest.raises(ValueError, match="--data_dir"):
     validate(_config(use_synthetic_data=False, data_dir=""))
   with pytest.raises(ValueError, match="not a directory"):
-    validate(_config(use_synthetic_data=False,
-                     data_dir=str(tmp_path / "nope")))
+    preflight.find_data_files(str(tmp_path / "nope"))
 
 
 def test_data_dir_without_tfrecords_is_rejected(tmp_path):
   (tmp_path / "readme.txt").write_text("not a TFRecord")
   with pytest.raises(ValueError, match="train-"):
-    validate(_config(use_synthetic_data=False, data_dir=str(tmp_path)))
+    preflight.find_data_files(str(tmp_path))
 
 
 def test_batch_size_schedule_sets_steps_from_epochs():
   cfg = _config(train_steps=0, train_epochs=2, num_train_images=1024,
                 batch_size_schedule="0:64,1:128")
   # 1024/64 steps in epoch 0, then 1024/128 in epoch 1.
-  assert cfg.total_train_steps == 16 + 8
+  assert cfg.run.total_train_steps == 16 + 8
 
 
 def _numeric_fields() -> list[str]:
-  return [f.name for f in dataclasses.fields(TrainConfig)
-          if f.type in (int, float) and f.name not in config_lib.CHOICES]
+  return [name for name, (_, field) in config_lib.FLAG_FIELDS.items()
+          if field.type in (int, float) and name not in config_lib.CHOICES]
 
 
 def test_every_numeric_field_has_a_range_and_every_range_a_field():
@@ -92,13 +90,14 @@ def _outside(allowed: config_lib.Range) -> list[float]:
 @pytest.mark.parametrize("name", sorted(config_lib.RANGES))
 def test_each_field_out_of_range_fails_naming_its_flag(name):
   allowed = config_lib.RANGES[name]
-  field_type = TrainConfig.__dataclass_fields__[name].type
+  _, field = config_lib.FLAG_FIELDS[name]
+  field_type = field.type
   assert _outside(allowed), name  # every range bounds something
   for value in _outside(allowed):
     with pytest.raises(config_lib.ConfigError,
                        match=rf"^--{name} must be .*got {value!r}"):
       validate(_config(**{name: field_type(value)}))
-  inside = TrainConfig.__dataclass_fields__[name].default
+  inside = field.default
   assert allowed.contains(inside), (name, inside)  # defaults are valid
 
 
@@ -126,3 +125,17 @@ def test_each_enum_outside_its_choices_fails_naming_its_flag(name):
 def test_the_enum_choices_are_the_model_depths_and_the_flag_enums():
   from resnet_tpu.model.resnet import LAYERS  # pylint: disable=g-import-not-at-top
   assert tuple(LAYERS) == config_lib.RESNET_DEPTHS
+
+
+def test_flat_names_route_to_their_parts_and_back():
+  cfg = TrainConfig.from_flat(model_dir="m", data_dir="d", resnet_depth=18,
+                              optimizer="lars", strategy="cpu", seed=3)
+  assert (cfg.input.data_dir, cfg.model.resnet_depth, cfg.optim.optimizer,
+          cfg.distribution.strategy, cfg.run.seed) == ("d", 18, "lars",
+                                                       "cpu", 3)
+  assert set(cfg.flat()) == {"model_dir", *config_lib.FLAG_FIELDS}
+  assert TrainConfig.from_flat(**cfg.flat()) == cfg
+  assert cfg.replace(seed=4, model_dir="n").flat() == dict(
+      cfg.flat(), seed=4, model_dir="n")
+  with pytest.raises(TypeError, match="resnet_dept"):
+    cfg.replace(resnet_dept=18)

@@ -1,7 +1,6 @@
 """The epoch length comes from the data (preflight.num_train_images), and a
 schedule boundary beyond the end of the run is warned about before start-up
 (preflight.schedule_warnings)."""
-import dataclasses
 import logging
 
 import pytest
@@ -9,6 +8,7 @@ import pytest
 from conftest import cpu_strategy
 from resnet_tpu import preflight
 from resnet_tpu import run as run_lib
+from resnet_tpu.inputs import input_pipeline
 from resnet_tpu.optim import schedules
 from resnet_tpu.config import ConfigError
 from resnet_tpu.config import TrainConfig
@@ -18,28 +18,39 @@ import damaged_shards
 
 
 def _config(data_dir="", **overrides) -> TrainConfig:
-  return TrainConfig(**{"model_dir": "unused", "data_dir": str(data_dir),
-                        "num_classes": 3, "train_steps": 1, **overrides})
+  return TrainConfig.from_flat(**{
+      "model_dir": "unused", "data_dir": str(data_dir), "num_classes": 3,
+      "train_steps": 1, **overrides})
+
+
+def _train_files(data_dir) -> preflight.DataFiles:
+  """The train files of `data_dir` (it has no validation split)."""
+  return preflight.DataFiles(
+      train=tuple(input_pipeline.split_files(str(data_dir), "train")),
+      validation=())
 
 
 def test_num_train_images_is_the_flag_else_the_manifest_else_a_count(
     tmp_path):
   shards = damaged_shards.write_shards(tmp_path, per_file=5)
-  assert preflight.num_train_images(_config(tmp_path)) == 10  # counted
+  files = _train_files(tmp_path)
+  assert preflight.num_train_images(_config(tmp_path), files) == 10  # counted
   assert preflight.num_train_images(
-      _config(tmp_path, num_train_images=7)) == 7
+      _config(tmp_path, num_train_images=7), files) == 7
   damaged_shards.write_manifest(tmp_path, "train", {
       path: records * 3 for path, records in shards.items()})
-  assert preflight.num_train_images(_config(tmp_path)) == 30  # manifest
+  assert preflight.num_train_images(_config(tmp_path),
+                                    files) == 30  # manifest
 
 
 def test_imagenets_1024_file_layout_is_imagenets_count_without_reading(
     tmp_path):
   for i in range(1024):  # empty: reading them would count 0
     (tmp_path / f"train-{i:05d}-of-01024").touch()
-  assert preflight.num_train_images(_config(tmp_path)) == 1281167
+  assert preflight.num_train_images(_config(tmp_path),
+                                    _train_files(tmp_path)) == 1281167
   assert preflight.num_train_images(
-      _config(use_synthetic_data=True)) == 1281167
+      _config(use_synthetic_data=True), None) == 1281167
 
 
 def test_warm_up_and_decays_beyond_the_run_are_warned_with_the_peak_lr():
@@ -55,8 +66,8 @@ def test_warm_up_and_decays_beyond_the_run_are_warned_with_the_peak_lr():
       "1,201,095, 1,601,459) lie beyond the end of the run (250 steps, "
       "0.0125 epochs of --num_train_images=1,281,167): the LR never decays "
       "there."]
-  assert preflight.schedule_warnings(dataclasses.replace(
-      cfg, num_train_images=64, warmup_epochs=5)) == []
+  assert preflight.schedule_warnings(
+      cfg.replace(num_train_images=64, warmup_epochs=5)) == []
 
 
 def test_batch_size_switch_beyond_the_run_is_warned():
@@ -68,7 +79,7 @@ def test_batch_size_switch_beyond_the_run_is_warned():
       "(steps 32) lie beyond the end of the run (8 steps, 0.5 epochs of "
       "--num_train_images=1,024)."]
   assert preflight.schedule_warnings(
-      dataclasses.replace(cfg, train_steps=40)) == []
+      cfg.replace(train_steps=40)) == []
 
 
 def test_run_warns_before_start_up_of_a_warm_up_longer_than_the_run(
@@ -123,14 +134,16 @@ def test_resolve_fills_the_strategy_kind_and_the_epoch_from_host_and_data(
   damaged_shards.write_shards(tmp_path, per_file=5)
   cfg = _config(tmp_path, strategy="auto")
   with pytest.raises(ValueError, match="images_per_epoch"):
-    cfg.clock  # pylint: disable=pointless-statement
-  resolved = preflight.resolve(cfg)
-  assert resolved.strategy == process_setup.startup_kind("auto", "")
-  assert resolved.strategy != "auto"
-  assert resolved.num_train_images == 10
-  assert resolved.total_train_epochs == pytest.approx(
-      resolved.global_batch_size / 10)
-  assert preflight.resolve(resolved) == resolved  # once is enough
+    cfg.run.clock  # pylint: disable=pointless-statement
+  files = _train_files(tmp_path)
+  resolved = preflight.resolve(cfg, files)
+  assert resolved.distribution.strategy == process_setup.startup_kind("auto",
+                                                                     "")
+  assert resolved.distribution.strategy != "auto"
+  assert resolved.run.num_train_images == 10
+  assert resolved.run.total_train_epochs == pytest.approx(
+      resolved.run.global_batch_size / 10)
+  assert preflight.resolve(resolved, files) == resolved  # once is enough
 
 
 def test_a_trainer_of_an_unresolved_config_says_what_to_do():

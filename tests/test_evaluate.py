@@ -40,7 +40,7 @@ def trained(tmp_path_factory):
   # Each strategy numbers its collectives from one base; keep them apart
   # from other tests' strategies (as conftest.cpu_strategy does).
   compat.shift_collective_keys(tf.distribute.MirroredStrategy, 100000)
-  cfg = TrainConfig(
+  cfg = TrainConfig.from_flat(
       model_dir=str(root / "model"), data_dir=data_dir, resnet_depth=18,
       num_classes=CLASSES, image_size=32, strategy="cpu", num_cpu_replicas=2,
       bn_group_size=2, global_batch_size=8, eval_batch_size=EVAL_BATCH,
@@ -54,14 +54,15 @@ def test_evaluate_cli_reproduces_in_training_eval_of_same_checkpoint(
     trained):
   result = subprocess.run(
       [sys.executable, "-m", "tools.evaluate",
-       f"--saved_model={trained.export_dir}", f"--data_dir={trained.data_dir}",
+       f"--saved_model={trained.run.export_dir}",
+       f"--data_dir={trained.input.data_dir}",
        "--batch_size=5"],
       cwd=REPO, text=True, capture_output=True, timeout=120)
   assert result.returncode == 0, result.stderr[-3000:]
   last_line = json.loads(result.stdout.strip().splitlines()[-1])
   in_training = [r for r in read_metrics(trained.model_dir)
                  if r["split"] == "eval"][-1]
-  assert in_training["step"] == trained.train_steps
+  assert in_training["step"] == trained.run.train_steps
   assert last_line == {"top1": in_training["top1"],
                        "top5": in_training["top5"],
                        "examples": CLASSES * VALIDATION_PER_CLASS}
@@ -72,14 +73,14 @@ def test_run_writes_config_json_of_the_trained_network(trained):
   config = config_lib.read_config(trained.model_dir)
   assert (config["resnet_depth"], config["image_size"],
           config["num_classes"], config["bn_group_size"]) == (18, 32, 4, 2)
-  assert config["labels_file"] == os.path.join(trained.data_dir,
+  assert config["labels_file"] == os.path.join(trained.input.data_dir,
                                                "synsets.txt")
 
 
 def test_undecodable_jpeg_is_reported_by_record_and_counted(
     trained, tmp_path, caplog):
   data_dir = tmp_path / "data"
-  shutil.copytree(trained.data_dir, data_dir)
+  shutil.copytree(trained.input.data_dir, data_dir)
   bad_file = data_dir / "validation-00002-of-00003"
   with tf.io.TFRecordWriter(str(bad_file)) as writer:
     writer.write(image_example("good.JPEG", _jpeg(), 8, 8, "n00000000",
@@ -87,7 +88,7 @@ def test_undecodable_jpeg_is_reported_by_record_and_counted(
     writer.write(image_example("broken.JPEG", b"\xff\xd8\xffnot a jpeg", 8,
                                8, "n00000000", 1).SerializeToString())
   with caplog.at_level(logging.WARNING):
-    result = evaluate.evaluate(trained.export_dir, str(data_dir),
+    result = evaluate.evaluate(trained.run.export_dir, str(data_dir),
                                batch_size=EVAL_BATCH)
   assert result["errors"] == 1
   assert result["examples"] == CLASSES * VALIDATION_PER_CLASS + 1
@@ -101,7 +102,7 @@ def _jpeg() -> bytes:
 
 def test_every_example_counts_whatever_the_batch_size(trained):
   for batch_size in (1, 100):
-    result = evaluate.evaluate(trained.export_dir, trained.data_dir,
+    result = evaluate.evaluate(trained.run.export_dir, trained.input.data_dir,
                                batch_size=batch_size)
     assert result["examples"] == CLASSES * VALIDATION_PER_CLASS
     assert "errors" not in result
@@ -109,8 +110,9 @@ def test_every_example_counts_whatever_the_batch_size(trained):
 
 def test_bad_paths_give_clear_errors(trained, tmp_path):
   with pytest.raises(ValueError, match="--saved_model=.* is not a SavedModel"):
-    evaluate.evaluate(str(tmp_path / "missing"), trained.data_dir)
+    evaluate.evaluate(str(tmp_path / "missing"), trained.input.data_dir)
   with pytest.raises(ValueError, match="no TFRecord files match"):
-    evaluate.evaluate(trained.export_dir, str(tmp_path))
+    evaluate.evaluate(trained.run.export_dir, str(tmp_path))
   with pytest.raises(ValueError, match="--batch_size must be >= 1"):
-    evaluate.evaluate(trained.export_dir, trained.data_dir, batch_size=0)
+    evaluate.evaluate(trained.run.export_dir, trained.input.data_dir,
+                      batch_size=0)

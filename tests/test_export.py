@@ -14,6 +14,7 @@ from data.make_synthetic import make_synthetic
 from resnet_tpu import export
 from resnet_tpu.inputs import input_pipeline
 from resnet_tpu.inputs import preprocessing
+from resnet_tpu.config import InputConfig
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.model.resnet import build_resnet
 from resnet_tpu import config as config_lib
@@ -88,8 +89,8 @@ def randomize(model: keras.Model, seed: int = 0) -> None:
 
 def float32_copy(cfg: TrainConfig, model: keras.Model) -> keras.Model:
   with dtype_policy("float32"):
-    reference = build_resnet(cfg.resnet_depth, cfg.num_classes,
-                             cfg.image_size)
+    reference = build_resnet(cfg.model.resnet_depth, cfg.model.num_classes,
+                             cfg.model.image_size)
   reference.set_weights(model.get_weights())
   return reference
 
@@ -103,15 +104,17 @@ def run_dir(tmp_path_factory):
                  image_size=40)
   build(str(root / "images" / "validation"), str(root / "data"),
         "validation", 1)
-  cfg = TrainConfig(model_dir=str(root / "model"), data_dir=str(root / "data"),
-                    resnet_depth=18, num_classes=CLASSES, image_size=SIZE,
-                    precision="bfloat16", bn_group_size=2, train_steps=1,
-                    num_train_images=CLASSES,
-                    eval_crop_fraction=CROP_FRACTION)
-  model, optimizer = build_model(cfg), build_optimizer_from_config(cfg)
+  cfg = TrainConfig.from_flat(
+      model_dir=str(root / "model"), data_dir=str(root / "data"),
+      resnet_depth=18, num_classes=CLASSES, image_size=SIZE,
+      precision="bfloat16", bn_group_size=2, train_steps=1,
+      num_train_images=CLASSES, eval_crop_fraction=CROP_FRACTION)
+  model = build_model(cfg.model, cfg.distribution)
+  optimizer = build_optimizer_from_config(cfg.optim, cfg.run,
+                                          cfg.distribution)
   optimizer.build(model.trainable_variables)
   randomize(model)
-  config_lib.write_config(cfg, export.labels_file(cfg.data_dir))
+  config_lib.write_config(cfg, export.labels_file(cfg.input.data_dir))
   checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
   tf.train.CheckpointManager(checkpoint, cfg.model_dir, 2).save(
       checkpoint_number=3)
@@ -126,7 +129,7 @@ def served(run_dir):
   run_python("-m", "tools.export_savedmodel", f"--model_dir={cfg.model_dir}",
              f"--export_dir={export_dir}")
   records = list(tf.data.TFRecordDataset(
-      input_pipeline.split_files(cfg.data_dir, "validation")))
+      input_pipeline.split_files(cfg.input.data_dir, "validation")))
   jpegs = [tf.train.Example.FromString(r.numpy()).features.feature[
       "image/encoded"].bytes_list.value[0] for r in records]
   rng = np.random.default_rng(1)
@@ -169,10 +172,11 @@ def test_serve_accepts_uint8_and_float32_images(served):
 
 
 def eval_images(cfg: TrainConfig, num: int, crop_fraction: float):
-  crops = preprocessing.CropOptions(eval_crop_fraction=crop_fraction)
+  data_dir = cfg.input.data_dir
   dataset = input_pipeline.eval_dataset_fn(
-      input_pipeline.InputConfig(cfg.data_dir, image_size=SIZE, crops=crops),
-      num, num)(tf.distribute.InputContext())
+      InputConfig(data_dir, eval_crop_fraction=crop_fraction),
+      input_pipeline.split_files(data_dir, "validation"), num, num,
+      image_size=SIZE)(tf.distribute.InputContext())
   images, _, mask = next(iter(dataset))
   assert mask.numpy().all()
   return images
@@ -215,7 +219,7 @@ def test_export_carries_image_size_label_offset_and_labels_file(
   _, cfg, _ = run_dir
   assert (info["image_size"], info["label_offset"]) == (SIZE, 1)
   with open(info["labels_file"]) as f, open(
-      os.path.join(cfg.data_dir, export.LABELS_FILE)) as g:
+      os.path.join(cfg.input.data_dir, export.LABELS_FILE)) as g:
     assert f.read() == g.read()
   assert info["labels_file"].startswith(str(run_dir[0] / "export"))
 
@@ -227,7 +231,8 @@ def test_config_json_records_the_network_and_labels_file(run_dir):
                                  "precision", "bn_group_size")} == {
       "resnet_depth": 18, "num_classes": CLASSES, "image_size": SIZE,
       "precision": "bfloat16", "bn_group_size": 2}
-  assert config["labels_file"] == os.path.join(cfg.data_dir, "synsets.txt")
+  assert config["labels_file"] == os.path.join(cfg.input.data_dir,
+                                               "synsets.txt")
 
 
 def test_named_checkpoint_is_restored_not_the_latest(run_dir):

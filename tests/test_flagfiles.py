@@ -12,7 +12,6 @@ in flags/ are picked up by the glob. Each published recipe's LR at chosen
 steps (warm-up, decay boundaries, a batch-size switch, the last step) equals
 the closed form of the source its header cites.
 """
-import dataclasses
 import glob
 import math
 import os
@@ -58,8 +57,7 @@ def parse_flagfile(path: str) -> TrainConfig:
   resnet_flags.define_flags(flag_values)
   flag_values(["main.py", f"--flagfile={path}", "--model_dir=/tmp/unused"])
   cfg = resnet_flags.config_from_flags(flag_values)
-  return dataclasses.replace(
-      cfg, num_train_images=(cfg.num_train_images or
+  return cfg.replace(num_train_images=(cfg.run.num_train_images or
                              preflight.IMAGENET_TRAIN_IMAGES))
 
 
@@ -69,9 +67,9 @@ def replicas_of(path: str, cfg: TrainConfig) -> int:
     match = REPLICAS_LINE.search(f.read())
   if match:
     return int(match.group(1))
-  assert cfg.strategy == "cpu", (
+  assert cfg.distribution.strategy == "cpu", (
       f"{path}: the header must name its replica count ('# replicas: N').")
-  return cfg.num_cpu_replicas
+  return cfg.distribution.num_cpu_replicas
 
 
 def shrink(cfg: TrainConfig, model_dir: str) -> TrainConfig:
@@ -81,13 +79,12 @@ def shrink(cfg: TrainConfig, model_dir: str) -> TrainConfig:
   epoch or more of it, so warm-up and decays move. A batch-size schedule
   becomes TINY_SCHEDULE; a 2-D all-reduce grid becomes the squarest for 2.
   """
-  return dataclasses.replace(
-      cfg, model_dir=model_dir, data_dir="", use_synthetic_data=True,
+  return cfg.replace(model_dir=model_dir, data_dir="", use_synthetic_data=True,
       resnet_depth=18, image_size=32, strategy="cpu", tpu="",
-      num_cpu_replicas=2, bn_group_size=min(cfg.bn_group_size, 2),
+      num_cpu_replicas=2, bn_group_size=min(cfg.model.bn_group_size, 2),
       global_batch_size=TINY_BATCH, eval_batch_size=TINY_BATCH,
-      batch_size_schedule=TINY_SCHEDULE if cfg.batch_size_schedule else "",
-      num_train_images=TINY_EPOCH, train_epochs=cfg.total_train_epochs,
+      batch_size_schedule=TINY_SCHEDULE if cfg.run.batch_size_schedule else "",
+      num_train_images=TINY_EPOCH, train_epochs=cfg.run.total_train_epochs,
       train_steps=2, steps_per_loop=1,
       all_reduce_grid="", eval_every_steps=0, checkpoint_every_steps=0,
       cache_dataset=False, export_dir="")
@@ -116,7 +113,7 @@ def test_flagfile_is_a_header_then_one_flag_per_line(path):
 @pytest.mark.parametrize("path", FLAGFILES, ids=os.path.basename)
 def test_flagfile_validates_for_the_replica_count_it_names(path):
   cfg = parse_flagfile(path)
-  config_lib.validate(dataclasses.replace(cfg, use_synthetic_data=True),
+  config_lib.validate(cfg.replace(use_synthetic_data=True),
                       replicas_of(path, cfg))
 
 
@@ -127,8 +124,7 @@ def train_toy(tmp_path_factory):
 
   def train(toy: TrainConfig) -> list[dict]:
     if toy not in trained:
-      cfg = dataclasses.replace(
-          toy, model_dir=str(tmp_path_factory.mktemp("toy_run")))
+      cfg = toy.replace(model_dir=str(tmp_path_factory.mktemp("toy_run")))
       # A fresh MirroredStrategy per run in one process: shift its collective
       # keys, as conftest.cpu_strategy does, so runs never share an instance.
       compat.shift_collective_keys(tf.distribute.MirroredStrategy, 100000)
@@ -146,8 +142,8 @@ def test_flagfile_recipe_trains_2_steps_on_2_cpu_replicas(path, train_toy):
   train = train_toy(toy)
   assert train[-1]["step"] == 2
   assert all(math.isfinite(r["loss"]) for r in train), train
-  last_batch = toy.clock.global_batch_at_step(1)
-  assert last_batch == (32 if toy.batch_size_schedule else TINY_BATCH)
+  last_batch = toy.run.clock.global_batch_at_step(1)
+  assert last_batch == (32 if toy.run.batch_size_schedule else TINY_BATCH)
   assert train[-1]["examples"] == last_batch
 
 
@@ -157,14 +153,15 @@ def test_tpu_flagfiles_follow_the_route_tensorflow_documents(path):
   worker 0 with --tpu=$TPU_NAME (TensorFlow on TPU VMs is single-
   controller), which README's "Pod slices" tells the same way."""
   cfg = parse_flagfile(path)
-  if cfg.strategy != "tpu":
+  if cfg.distribution.strategy != "tpu":
     return
   with open(path) as f:
     header = f.read()
   if replicas_of(path, cfg) <= ONE_HOST_TPU_REPLICAS:
-    assert cfg.tpu == "local"
+    assert cfg.distribution.tpu == "local"
     return
-  assert cfg.tpu == "", f"{path}: a pod slice is named on the command line"
+  assert cfg.distribution.tpu == "", (
+      f"{path}: a pod slice is named on the command line")
   for said in ("worker 0 only", "--tpu=$TPU_NAME", "requirements-tpu-pod.txt",
                "tpu-vm-tf-*-pod"):
     assert said in header, f"{path} does not say {said!r}"
@@ -270,7 +267,7 @@ LR_CASES = [
                          ids=lambda v: str(v) if isinstance(v, int) else None)
 def test_flagfile_lr_at_chosen_steps_matches_its_source(name, step, expected):
   cfg = parse_flagfile(os.path.join(FLAGS_DIR, name))
-  optimizer = build_optimizer_from_config(cfg)
+  optimizer = build_optimizer_from_config(cfg.optim, cfg.run)
   optimizer.iterations.assign(step)
   assert float(optimizer.learning_rate) == pytest.approx(
       expected, rel=1e-5, abs=1e-8)  # float32 rounding near the decay's end
@@ -278,10 +275,11 @@ def test_flagfile_lr_at_chosen_steps_matches_its_source(name, step, expected):
 
 def test_mikami_lr_does_not_jump_at_the_batch_size_switch():
   cfg = parse_flagfile(os.path.join(FLAGS_DIR, "mikami2018_abci_2176gpu.cfg"))
-  switch = cfg.clock.phase_start_steps()[1]
-  batches = [cfg.clock.global_batch_at_step(s) for s in (switch - 1, switch)]
+  switch = cfg.run.clock.phase_start_steps()[1]
+  batches = [cfg.run.clock.global_batch_at_step(s)
+             for s in (switch - 1, switch)]
   assert batches == [34816, 69632]
-  optimizer = build_optimizer_from_config(cfg)
+  optimizer = build_optimizer_from_config(cfg.optim, cfg.run)
   lrs = []
   for step in (switch - 1, switch):
     optimizer.iterations.assign(step)

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from resnet_tpu import config as config_lib
 from resnet_tpu.inputs import input_pipeline as ip
-from resnet_tpu.inputs import preprocessing
+from resnet_tpu.config import InputConfig
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.run import input_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZE = 8
@@ -64,15 +64,29 @@ def batches(dataset: tf.data.Dataset, n: int) -> list[tuple]:
   return [tuple(t.numpy() for t in batch) for batch in dataset.take(n)]
 
 
+def train_fn(cfg: InputConfig, global_batch_size: int,
+             **kwargs) -> ip.DatasetFn:
+  """The training input of cfg.data_dir's train files at SIZE px."""
+  return ip.train_dataset_fn(cfg, ip.split_files(cfg.data_dir, "train"),
+                             global_batch_size, image_size=SIZE, **kwargs)
+
+
+def eval_fn(cfg: InputConfig, global_batch_size: int,
+            num_examples: int) -> ip.DatasetFn:
+  """The eval input of cfg.data_dir's validation files at SIZE px."""
+  return ip.eval_dataset_fn(cfg, ip.split_files(cfg.data_dir, "validation"),
+                            global_batch_size, num_examples, image_size=SIZE)
+
+
 @pytest.mark.parametrize("num_files,num_pipelines,cache", [
     (4, 2, False), (4, 4, False), (3, 4, False), (5, 2, True)])
 def test_every_record_seen_once_per_epoch_across_pipelines(
     tmp_path, num_files, num_pipelines, cache):
   num_records = 24
   write_split(tmp_path, "train", num_records, num_files)
-  cfg = ip.InputConfig(data_dir=str(tmp_path), image_size=SIZE,
-                       cache_dataset=cache, shuffle_buffer_size=64)
-  dataset_fn = ip.train_dataset_fn(cfg, global_batch_size=num_pipelines)
+  cfg = InputConfig(data_dir=str(tmp_path), cache_dataset=cache,
+                    shuffle_buffer_size=64)
+  dataset_fn = train_fn(cfg, global_batch_size=num_pipelines)
   streams = []
   for i in range(num_pipelines):
     dataset = dataset_fn(context(num_pipelines, i, num_pipelines))
@@ -92,33 +106,30 @@ def test_every_record_seen_once_per_epoch_across_pipelines(
 def test_train_batches_are_per_replica_raw_pixels_in_the_transfer_dtype(
     tmp_path, dtype):
   write_split(tmp_path, "train", 16, 2)
-  cfg = ip.InputConfig(data_dir=str(tmp_path), image_size=SIZE, dtype=dtype,
-                       seed=5, deterministic=True)
-  dataset = ip.train_dataset_fn(cfg, global_batch_size=8)(context(1, 0, 2))
+  cfg = InputConfig(data_dir=str(tmp_path), deterministic_input=True)
+  dataset = train_fn(cfg, global_batch_size=8, dtype=dtype, seed=5)(
+      context(1, 0, 2))
   images, labels = next(iter(dataset))
   assert images.shape == (4, SIZE, SIZE, 3) and images.dtype == dtype
   assert labels.shape == (4,) and labels.dtype == tf.int32
   assert float(tf.reduce_max(tf.cast(images, tf.float32))) > 1.0
   # Host-side casts change the dtype, not the (integer) pixel values.
-  uint8_cfg = ip.InputConfig(data_dir=str(tmp_path), image_size=SIZE,
-                             seed=5, deterministic=True)
-  uint8_images, _ = next(iter(ip.train_dataset_fn(uint8_cfg, 8)(
-      context(1, 0, 2))))
+  uint8_images, _ = next(iter(train_fn(cfg, 8, seed=5)(context(1, 0, 2))))
   np.testing.assert_array_equal(tf.cast(images, tf.float32).numpy(),
                                 tf.cast(uint8_images, tf.float32).numpy())
 
 
 def test_default_transfer_dtype_is_uint8(tmp_path):
-  assert ip.InputConfig(data_dir=str(tmp_path)).dtype == "uint8"
+  assert InputConfig(data_dir=str(tmp_path)).input_dtype == "uint8"
+  assert TrainConfig(str(tmp_path)).transfer_dtype == "uint8"
 
 
 @pytest.mark.parametrize("label_offset", [1, 0])
 def test_reads_records_of_another_writer_with_its_label_offset(
     tmp_path, label_offset):
   write_split(tmp_path, "validation", 6, 1, label_offset=label_offset)
-  cfg = ip.InputConfig(data_dir=str(tmp_path), image_size=SIZE,
-                       label_offset=label_offset)
-  dataset = ip.eval_dataset_fn(cfg, 6, 6)(context(1, 0, 1))
+  cfg = InputConfig(data_dir=str(tmp_path), label_offset=label_offset)
+  dataset = eval_fn(cfg, 6, 6)(context(1, 0, 1))
   (images, labels, mask), = batches(dataset, 1)
   assert labels.tolist() == list(range(6)) and mask.tolist() == [1.0] * 6
   np.testing.assert_allclose(images.mean(axis=(1, 2, 3)),
@@ -130,8 +141,8 @@ def test_reads_records_of_another_writer_with_its_label_offset(
 def test_eval_counts_every_example_once_with_a_padded_masked_last_batch(
     tmp_path, num_examples, global_batch, num_pipelines, replicas):
   write_split(tmp_path, "validation", num_examples, 2)
-  cfg = ip.InputConfig(data_dir=str(tmp_path), image_size=SIZE)
-  dataset_fn = ip.eval_dataset_fn(cfg, global_batch, num_examples)
+  cfg = InputConfig(data_dir=str(tmp_path))
+  dataset_fn = eval_fn(cfg, global_batch, num_examples)
   steps = ip.eval_steps(num_examples, global_batch)
   seen, padding = collections.Counter(), 0
   for i in range(num_pipelines):
@@ -149,8 +160,8 @@ def test_eval_counts_every_example_once_with_a_padded_masked_last_batch(
 def test_eval_of_fewer_examples_than_the_split_counts_exactly_that_many(
     tmp_path, num_pipelines):
   write_split(tmp_path, "validation", 10, 2)
-  cfg = ip.InputConfig(data_dir=str(tmp_path), image_size=SIZE)
-  dataset_fn = ip.eval_dataset_fn(cfg, 4, num_examples=5)
+  cfg = InputConfig(data_dir=str(tmp_path))
+  dataset_fn = eval_fn(cfg, 4, num_examples=5)
   seen = collections.Counter()
   for i in range(num_pipelines):
     for _, labels, mask in batches(dataset_fn(context(num_pipelines, i, 2)),
@@ -162,14 +173,12 @@ def test_eval_of_fewer_examples_than_the_split_counts_exactly_that_many(
 def test_seeded_deterministic_stream_repeats_and_resumes_at_start_step(
     tmp_path):
   write_split(tmp_path, "train", 12, 3)
-  cfg = ip.InputConfig(data_dir=str(tmp_path), image_size=SIZE, seed=7,
-                       deterministic=True)
+  cfg = InputConfig(data_dir=str(tmp_path), deterministic_input=True)
   ctx = context(1, 0, 1)
-  stream = batches(ip.train_dataset_fn(cfg, 2)(ctx), 10)
-  again = batches(ip.train_dataset_fn(cfg, 2)(ctx), 10)
-  resumed = batches(ip.train_dataset_fn(cfg, 2, start_step=4)(ctx), 6)
-  other_seed = dataclasses.replace(cfg, seed=8)
-  other = batches(ip.train_dataset_fn(other_seed, 2)(ctx), 10)
+  stream = batches(train_fn(cfg, 2, seed=7)(ctx), 10)
+  again = batches(train_fn(cfg, 2, seed=7)(ctx), 10)
+  resumed = batches(train_fn(cfg, 2, seed=7, start_step=4)(ctx), 6)
+  other = batches(train_fn(cfg, 2, seed=8)(ctx), 10)
   for (images_a, labels_a), (images_b, labels_b) in zip(
       stream + stream[4:], again + resumed):
     np.testing.assert_array_equal(images_a, images_b)
@@ -179,14 +188,13 @@ def test_seeded_deterministic_stream_repeats_and_resumes_at_start_step(
 
 def test_ablation_switches_change_speed_not_data(tmp_path):
   write_split(tmp_path, "train", 12, 3)
-  cfg = ip.InputConfig(data_dir=str(tmp_path), image_size=SIZE, seed=3,
-                       deterministic=True)
+  cfg = InputConfig(data_dir=str(tmp_path), deterministic_input=True)
   ablated = dataclasses.replace(
       cfg, parallel_interleave=False, parallel_map=False,
       fused_decode_crop=False, cache_dataset=True, prefetch=False,
       private_threadpool_size=1)
-  full = batches(ip.train_dataset_fn(cfg, 4)(context(1, 0, 1)), 6)
-  slow = batches(ip.train_dataset_fn(ablated, 4)(context(1, 0, 1)), 6)
+  full = batches(train_fn(cfg, 4, seed=3)(context(1, 0, 1)), 6)
+  slow = batches(train_fn(ablated, 4, seed=3)(context(1, 0, 1)), 6)
   for (images_a, labels_a), (images_b, labels_b) in zip(full, slow):
     np.testing.assert_array_equal(labels_a, labels_b)
     np.testing.assert_allclose(images_a, images_b, atol=24)
@@ -197,7 +205,7 @@ def test_split_files_and_count_examples(tmp_path):
   names = [os.path.basename(f)
            for f in ip.split_files(str(tmp_path), "validation")]
   assert names == [f"validation-{i:05d}-of-00003" for i in range(3)]
-  assert ip.count_examples(str(tmp_path), "validation") == 7
+  assert ip.count_examples(ip.split_files(str(tmp_path), "validation")) == 7
   with pytest.raises(ValueError, match=r"train-\*-of-\*"):
     ip.split_files(str(tmp_path), "train")
   with pytest.raises(ValueError, match="split"):
@@ -205,10 +213,14 @@ def test_split_files_and_count_examples(tmp_path):
 
 
 def test_invalid_config_is_rejected_naming_the_field():
-  with pytest.raises(ValueError, match="dtype"):
-    ip.InputConfig(data_dir="x", dtype="float16")
-  with pytest.raises(ValueError, match="private_threadpool_size"):
-    ip.InputConfig(data_dir="x", private_threadpool_size=-1)
+  def validate(**overrides):
+    config_lib.validate(TrainConfig.from_flat(
+        model_dir="x", use_synthetic_data=True, train_steps=1, **overrides))
+
+  with pytest.raises(ValueError, match="--input_dtype"):
+    validate(input_dtype="float16")
+  with pytest.raises(ValueError, match="--private_threadpool_size"):
+    validate(private_threadpool_size=-1)
 
 
 def test_synthetic_data_is_one_constant_batch_per_replica():
@@ -286,10 +298,11 @@ def test_bench_input_times_the_jpegs_of_a_folder(tmp_path):
   assert f"--jpeg_dir={empty} holds no .jpg or .jpeg files" in result.stderr
 
 
-def test_run_hands_the_crop_and_resize_flags_to_the_pipeline():
-  cfg = TrainConfig(model_dir="/tmp/unused", eval_crop_fraction=0.6,
-                    train_crop_min_area=0.3, train_crop_max_aspect=1.2,
-                    train_resize_method="bicubic")
-  assert input_config(cfg).crops == preprocessing.CropOptions(
+def test_the_crop_and_resize_flags_are_in_the_part_the_pipeline_takes():
+  cfg = TrainConfig.from_flat(
+      model_dir="/tmp/unused", eval_crop_fraction=0.6,
+      train_crop_min_area=0.3, train_crop_max_aspect=1.2,
+      train_resize_method="bicubic")
+  assert cfg.input == InputConfig(
       eval_crop_fraction=0.6, train_crop_min_area=0.3,
       train_crop_max_aspect=1.2, train_resize_method="bicubic")

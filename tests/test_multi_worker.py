@@ -75,7 +75,8 @@ def _wait(processes, tmp_path, deadline: float) -> None:
 def test_4_loopback_workers_match_a_4_replica_mirrored_run(tmp_path):
   deadline = time.time() + DEADLINE_S
   keras.utils.set_random_seed(0)
-  model = build_model(worker.config(str(tmp_path)))
+  cfg = worker.config(str(tmp_path))
+  model = build_model(cfg.model, cfg.distribution)
   initial = model.get_weights()
   trainable = [w.trainable for w in model.weights]
   init_path = tmp_path / "init.npz"

@@ -156,11 +156,13 @@ PREFLIGHT_THEN_STRATEGY = """
 import sys
 from resnet_tpu import preflight
 from resnet_tpu.config import TrainConfig
-cfg = TrainConfig(data_dir=sys.argv[1], model_dir=sys.argv[2], num_classes=3)
-preflight.check_data_dir(cfg)
+cfg = TrainConfig.from_flat(data_dir=sys.argv[1], model_dir=sys.argv[2],
+                            num_classes=3)
+files = preflight.find_data_files(cfg.input.data_dir)
+preflight.check_data_dir(cfg, files)
 preflight.check_model_dir(cfg)
-preflight.check_manifest(cfg)
-print("training images:", preflight.num_train_images(cfg))
+preflight.check_manifest(cfg, files)
+print("training images:", preflight.num_train_images(cfg, files))
 import tensorflow as tf
 tf.distribute.MultiWorkerMirroredStrategy()
 print("strategy started")

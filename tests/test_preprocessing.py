@@ -4,6 +4,7 @@ import pytest
 import tensorflow as tf
 
 from resnet_tpu import config as config_lib
+from resnet_tpu.config import InputConfig
 from resnet_tpu.inputs import preprocessing
 
 HEIGHT, WIDTH = 120, 160
@@ -167,8 +168,7 @@ def test_random_flip_is_an_exact_mirror_or_the_identity():
 
 def test_crop_options_bound_the_area_and_aspect_of_the_random_boxes():
   shape = tf.constant([HEIGHT, WIDTH, 3])
-  options = preprocessing.CropOptions(train_crop_min_area=0.5,
-                                      train_crop_max_aspect=1.1)
+  options = InputConfig(train_crop_min_area=0.5, train_crop_max_aspect=1.1)
   center = preprocessing.center_crop_window(shape).numpy().tolist()
   areas = []
   for i in range(200):
@@ -199,7 +199,7 @@ def test_train_preprocessing_resizes_with_the_chosen_kernel():
       tf.image.extract_jpeg_shape(jpeg), crop_seed)
   crop = preprocessing.decode_and_crop(jpeg, window, fused=True)
   for method in config_lib.RESIZE_METHODS:
-    options = preprocessing.CropOptions(train_resize_method=method)
+    options = InputConfig(train_resize_method=method)
     image = preprocessing.preprocess_for_train(jpeg, 24, True, s, options)
     expected = preprocessing.random_flip(
         preprocessing.resize(crop, 24, method), flip_seed)

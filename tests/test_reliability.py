@@ -50,7 +50,7 @@ def _config(model_dir, **overrides) -> TrainConfig:
                 num_train_images=10_000, lr_schedule="constant",
                 warmup_epochs=0.0, base_learning_rate=0.5)
   values.update(overrides)
-  return TrainConfig(**values)
+  return TrainConfig.from_flat(**values)
 
 
 def _batches(num_steps: int, nan_at_step: int | None = None):
@@ -365,11 +365,12 @@ def test_default_flags_checkpoint_within_ten_minutes_without_an_eval(
   """A hard kill (no SIGTERM) then loses minutes, not the run."""
   images, labels = _batches(6)
   cfg = _config(tmp_path, train_steps=6, checkpoint_every_steps=0)
-  assert (cfg.checkpoint_every_minutes, cfg.eval_every_steps) == (10.0, 0)
+  assert (cfg.run.checkpoint_every_minutes,
+          cfg.run.eval_every_steps) == (10.0, 0)
   trainer = _trainer(cfg, cpu_strategy(1))
   # Each host loop reads the clock once: 4 minutes a loop; the timer
   # restarts (one more read) at the start and after each save.
-  trainer.save_timer = cadence.SaveTimer(cfg.checkpoint_every_minutes,
+  trainer.save_timer = cadence.SaveTimer(cfg.run.checkpoint_every_minutes,
                                          now=_FakeClock(4))
   trainer.fit(_dataset_fn(images, labels))
   assert sorted(f for f in os.listdir(tmp_path) if f.endswith(".index")) == [

@@ -60,7 +60,7 @@ def _run(cfg, **kwargs):
 
 
 def _config(model_dir, data_dir) -> TrainConfig:
-  return TrainConfig(
+  return TrainConfig.from_flat(
       model_dir=str(model_dir), data_dir=data_dir, strategy="cpu",
       num_cpu_replicas=2, bn_group_size=2, num_classes=CLASSES,
       image_size=32, global_batch_size=8, eval_batch_size=8,

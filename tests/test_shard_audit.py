@@ -1,7 +1,6 @@
 """Damaged training shards are named and their lost records counted, at
 start-up (preflight.check_manifest) and while training (shard_audit.py).
 Built from real damaged files: cut mid-record, 8 bytes flipped mid-file."""
-import dataclasses
 import logging
 import os
 
@@ -16,6 +15,7 @@ from resnet_tpu import preflight
 from resnet_tpu import run as run_lib
 from resnet_tpu.runtime import compat
 from resnet_tpu.inputs import shard_audit
+from resnet_tpu.config import InputConfig
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.train.metrics_log import read_metrics
 from resnet_tpu.parallel.strategy import Distribution
@@ -24,18 +24,19 @@ from tiny_model import tiny_resnet
 PER_FILE = 6
 
 
-def _config(data_dir, **overrides) -> input_pipeline.InputConfig:
-  return input_pipeline.InputConfig(
-      data_dir=str(data_dir), image_size=8,
-      **dict(dict(shuffle_buffer_size=64), **overrides))
+def _train_fn(data_dir, seed=None, **overrides) -> input_pipeline.DatasetFn:
+  """The training input of the 8 px images of `data_dir`, batches of 2."""
+  cfg = InputConfig(data_dir=str(data_dir),
+                    **dict(dict(shuffle_buffer_size=64), **overrides))
+  return input_pipeline.train_dataset_fn(
+      cfg, input_pipeline.split_files(str(data_dir), "train"),
+      global_batch_size=2, image_size=8, seed=seed)
 
 
 def _read_one_pass(data_dir, num=8, **overrides) -> list[int]:
   """Labels of the first `num` training examples (the shuffle buffer reads
   every file of the first pass to its end first); negative: weight 0."""
-  dataset = input_pipeline.train_dataset_fn(
-      _config(data_dir, **overrides), global_batch_size=2)(
-          tf.distribute.InputContext())
+  dataset = _train_fn(data_dir, **overrides)(tf.distribute.InputContext())
   return [int(label) for _, labels in dataset.take(num // 2)
           for label in labels]
 
@@ -57,7 +58,7 @@ LOST_IN_FILE_1 = record_guards.fault_label(shard_audit.source_of(1, lost=True))
 def test_each_lost_record_is_a_weight_0_example_naming_its_file(damaged):
   data_dir, _, _, lost_count = damaged
   labels = _read_one_pass(data_dir, num=2 * PER_FILE, shuffle_buffer_size=1,
-                          seed=0, deterministic=True)
+                          seed=0, deterministic_input=True)
   assert labels.count(LOST_IN_FILE_1) == lost_count
   assert sorted(l for l in labels if l >= 0) == sorted(
       [r % 3 for r in range(PER_FILE)] + [r % 3 for r in range(PER_FILE,
@@ -73,8 +74,7 @@ def test_the_training_input_counts_losses_without_running_python(damaged):
   """The count works wherever the input pipeline runs (a TPU pod's hosts):
   no op of the pipeline's graph, its functions included, calls Python."""
   data_dir = damaged[0]
-  dataset = input_pipeline.train_dataset_fn(
-      _config(data_dir), global_batch_size=2)(tf.distribute.InputContext())
+  dataset = _train_fn(data_dir)(tf.distribute.InputContext())
   graph = compat.dataset_graph(dataset)
   ops = {node.op for node in graph.node} | {
       node.op for function in graph.library.function
@@ -136,7 +136,7 @@ def test_count_records_counts_the_records_before_a_cut(tmp_path):
 
 def test_counting_leaves_the_records_and_their_order_alone(tmp_path):
   shards = damaged_shards.write_shards(tmp_path)
-  same = dict(seed=3, deterministic=True)
+  same = dict(seed=3, deterministic_input=True)
   unlisted = _read_one_pass(tmp_path, **same)
   damaged_shards.write_manifest(tmp_path, "train", shards)
   assert _read_one_pass(tmp_path, **same) == unlisted
@@ -153,8 +153,8 @@ def test_without_a_manifest_files_are_read_as_they_are_uncounted(tmp_path):
 
 
 def _train_config(data_dir) -> TrainConfig:
-  return TrainConfig(model_dir="unused", data_dir=str(data_dir),
-                     num_classes=3, train_steps=1)
+  return TrainConfig.from_flat(model_dir="unused", data_dir=str(data_dir),
+                               num_classes=3, train_steps=1)
 
 
 def test_preflight_names_a_truncated_and_a_missing_file_via_the_manifest(
@@ -166,8 +166,9 @@ def test_preflight_names_a_truncated_and_a_missing_file_via_the_manifest(
   size = os.path.getsize(cut)
   damaged_shards.truncate_in_record(cut, records, 4)
   os.remove(missing)
+  files = preflight.find_data_files(str(tmp_path))
   with pytest.raises(ValueError) as error:
-    preflight.check_manifest(_train_config(tmp_path))
+    preflight.check_manifest(_train_config(tmp_path), files)
   message = str(error.value)
   assert (f"{cut} is {os.path.getsize(cut):,} bytes, manifest.json says "
           f"{size:,}") in message
@@ -177,9 +178,10 @@ def test_preflight_names_a_truncated_and_a_missing_file_via_the_manifest(
 
 def test_preflight_without_a_manifest_warns_that_losses_go_uncounted(
     tmp_path, caplog):
-  damaged_shards.write_shards(tmp_path)
+  shards = damaged_shards.write_shards(tmp_path)
+  files = preflight.DataFiles(train=tuple(shards), validation=())
   with caplog.at_level(logging.WARNING):
-    preflight.check_manifest(_train_config(tmp_path))
+    preflight.check_manifest(_train_config(tmp_path), files)
   assert "has no manifest.json: records lost" in caplog.text
   assert "--write_manifest" in caplog.text
 
@@ -196,9 +198,8 @@ def test_run_stops_before_start_up_on_a_file_shorter_than_its_manifest(
   damaged_shards.write_manifest(tmp_path / "data", "train", shards)
   path, records = next(iter(shards.items()))
   damaged_shards.truncate_in_record(path, records, 1)
-  cfg = dataclasses.replace(_train_config(tmp_path / "data"),
-                            model_dir=str(tmp_path / "model"),
-                            strategy="cpu", image_size=32)
+  cfg = _train_config(tmp_path / "data").replace(
+      model_dir=str(tmp_path / "model"), strategy="cpu", image_size=32)
   with pytest.raises(ValueError, match=f"{path} is .* bytes, manifest.json"):
     run_lib.run(cfg)
 
@@ -209,11 +210,10 @@ def _corrupt_run(tmp_path, **overrides) -> tuple[TrainConfig, str]:
   data_dir = tmp_path / "data"
   data_dir.mkdir()
   path = damaged_shards.corrupt_second_file(data_dir)
-  cfg = dataclasses.replace(
-      _train_config(data_dir), model_dir=str(tmp_path / "model"),
-      strategy="cpu", num_cpu_replicas=2, image_size=32, global_batch_size=4,
-      eval_batch_size=4, train_steps=4, steps_per_loop=2,
-      shuffle_buffer_size=8, warmup_epochs=0.0, **overrides)
+  cfg = _train_config(data_dir).replace(
+      model_dir=str(tmp_path / "model"), strategy="cpu", num_cpu_replicas=2,
+      image_size=32, global_batch_size=4, eval_batch_size=4, train_steps=4,
+      steps_per_loop=2, shuffle_buffer_size=8, warmup_epochs=0.0, **overrides)
   return cfg, path
 
 

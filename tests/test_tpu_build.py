@@ -123,13 +123,14 @@ def test_grouped_bn_sums_lower_to_tpu_all_reduces_over_the_bn_tiles():
   assert len(groups) == 8 and all_reduces == [tiles, tiles]
 
 
-def _traced_step(slice_name: str, depth: int, bn_group_size: int):
+def _traced_step(model_dir: str, slice_name: str, depth: int,
+                 bn_group_size: int):
   """The graph of one replica step as TPUStrategy builds it, the layout
   and the trainer (graph mode: variables need no TPU)."""
   strategy, layout = simulated_tpu.tpu_strategy(slice_name, bn_group_size)
   replicas = strategy.num_replicas_in_sync
   cfg = TrainConfig.tiny(
-      "unused", strategy="tpu", use_synthetic_data=True, resnet_depth=depth,
+      model_dir, strategy="tpu", use_synthetic_data=True, resnet_depth=depth,
       global_batch_size=2 * replicas, bn_group_size=bn_group_size,
       precision="bfloat16", bfloat16_conv_kernels="native")
   with tf.Graph().as_default() as graph:
@@ -148,12 +149,13 @@ def _bn_layers(trainer) -> int:
 @pytest.mark.parametrize("depth,trainable,bn_layers", [(18, 62, 20),
                                                        (50, 161, 53)])
 def test_one_tpu_step_issues_only_the_collectives_the_references_do(
-    depth, trainable, bn_layers):
+    tmp_path, depth, trainable, bn_layers):
   """Per step: one all-replica sum per gradient, which XLA combines (Ying
   et al. §3.3), and two group sums per BN layer (§3.1: forward statistics,
   backward sums). The moving statistics add none: each replica keeps its
   own and replica 0's is saved, as tensorflow/tpu's ResNet does."""
-  graph, layout, trainer = _traced_step("v3-8", depth, bn_group_size=4)
+  graph, layout, trainer = _traced_step(str(tmp_path), "v3-8", depth,
+                                        bn_group_size=4)
   metadata = [op for op in graph.get_operations()
               if op.type == "TPUReplicateMetadata"]
   assert [op.get_attr("num_replicas") for op in metadata] == [8]

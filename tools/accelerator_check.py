@@ -70,15 +70,16 @@ def main(argv: list[str]) -> None:
   import dataclasses
   import tensorflow as tf
   from resnet_tpu.runtime import device_check
+  from resnet_tpu.config import DistributionConfig
   from resnet_tpu.parallel.strategy import create_strategy
   from tools import accelerator_report
   # pylint: enable=g-import-not-at-top
   tf.get_logger().setLevel("WARNING")
   try:
     device_check.require_accelerator(kind)
-    distribution = create_strategy(kind, FLAGS.tpu, FLAGS.num_cpu_replicas,
-                                   bn_group_size=1,
-                                   log_topology=kind == "tpu")
+    distribution = create_strategy(DistributionConfig(
+        strategy=kind, tpu=FLAGS.tpu, num_cpu_replicas=FLAGS.num_cpu_replicas,
+        log_topology=kind == "tpu"))
   except ConfigError as e:
     _fail(str(e))
   sizes = accelerator_report.TINY if FLAGS.tiny else accelerator_report.FULL

@@ -190,8 +190,8 @@ def replicas_equal_one_device(strategy, sizes: Sizes, tmp: str) -> Check:
   model_fn = (bench_common.small_convnet if sizes.small_equivalence_model
               else None)
   many = Trainer(cfg, strategy, model_fn)
-  one = Trainer(dataclasses.replace(cfg, bn_group_size=1,
-                                    model_dir=os.path.join(tmp, "one")),
+  one = Trainer(cfg.replace(bn_group_size=1,
+                            model_dir=os.path.join(tmp, "one")),
                 host_strategy(), model_fn)
   for source, target in zip(one.model.variables, many.model.variables):
     target.assign(source.numpy())
@@ -222,8 +222,8 @@ def _synthetic_iterator(trainer: Trainer):
   cfg = trainer.cfg
   return iter(trainer.strategy.distribute_datasets_from_function(
       input_pipeline.synthetic_dataset_fn(
-          cfg.image_size, cfg.num_classes, cfg.global_batch_size,
-          cfg.transfer_dtype)))
+          cfg.model.image_size, cfg.model.num_classes,
+          cfg.run.global_batch_size, cfg.transfer_dtype)))
 
 
 def bfloat16_step(strategy, sizes: Sizes, tmp: str) -> Check:
@@ -282,7 +282,7 @@ def _images_per_second(trainer: Trainer, steps: int):
   iterator, n = _synthetic_iterator(trainer), tf.constant(steps)
   loop = lambda: LoopResult.of(trainer.loops.train(iterator, n))
   loop()
-  images = steps * trainer.cfg.global_batch_size
+  images = steps * trainer.cfg.run.global_batch_size
   return lambda: images / bench_common.seconds_per_call(loop, 1)
 
 

@@ -61,10 +61,11 @@ def paired_range(numerators: list[float],
 def keras_resnet50(cfg: TrainConfig) -> keras.Model:
   """The reference: keras.applications.ResNet50 (weights=None) returning
   logits."""
-  with dtype_policy(cfg.precision):
+  with dtype_policy(cfg.model.precision):
     return keras.applications.ResNet50(
-        weights=None, input_shape=(cfg.image_size, cfg.image_size, 3),
-        classes=cfg.num_classes, classifier_activation=None)
+        weights=None,
+        input_shape=(cfg.model.image_size, cfg.model.image_size, 3),
+        classes=cfg.model.num_classes, classifier_activation=None)
 
 
 def small_convnet(cfg: TrainConfig) -> keras.Model:
@@ -73,11 +74,11 @@ def small_convnet(cfg: TrainConfig) -> keras.Model:
   A step of milliseconds: the host-loop benchmark sees the per-call
   dispatch, and --tiny smoke tests take seconds.
   """
-  inputs = keras.Input((cfg.image_size, cfg.image_size, 3))
+  inputs = keras.Input((cfg.model.image_size, cfg.model.image_size, 3))
   x = keras.layers.Conv2D(8, 3, strides=2, use_bias=False)(inputs)
-  x = DistributedBatchNormalization(group_size=cfg.bn_group_size)(x)
+  x = DistributedBatchNormalization(group_size=cfg.model.bn_group_size)(x)
   x = keras.layers.GlobalAveragePooling2D()(keras.layers.ReLU()(x))
-  return keras.Model(inputs, keras.layers.Dense(cfg.num_classes)(x))
+  return keras.Model(inputs, keras.layers.Dense(cfg.model.num_classes)(x))
 
 
 def train_steps(trainer: Trainer, iterator, num_steps: tf.Tensor) -> None:

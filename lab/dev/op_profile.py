@@ -24,7 +24,6 @@ gives too. A collective's time includes waiting for the other replicas of
 its group.
 """
 import collections
-import dataclasses
 import glob
 import os
 import re
@@ -167,7 +166,7 @@ def build_step(name: str, precision: str, tiny: bool, tmp: str,
                                    f"{tmp}/{name}")
     model_fn = STEP_WORKLOADS[name]
     if tiny:
-      cfg = dataclasses.replace(cfg, num_classes=10)
+      cfg = cfg.replace(num_classes=10)
       model_fn = bench_common.small_convnet
     keep, seconds = bench_train.step_timer(cfg, model_fn, 1)
   else:

@@ -19,7 +19,6 @@ conv kernels, as Keras's layers run them.)
 Tracing and one warm-up step (for the input workloads, one epoch) run before
 the loop; the loop runs --seconds.
 """
-import dataclasses
 import math
 import os
 import tempfile
@@ -73,9 +72,8 @@ def workload(name: str, precision: str, image_size: int, batch: int,
   """A warmed-up callable running one step (or matmul) of `name`."""
   if name == "matmul":
     return bench_train.matmul_flops_per_second(precision, matmul_size)
-  cfg = dataclasses.replace(
-      bench_train.train_config(precision, image_size, batch, 50, tmp),
-      bfloat16_conv_kernels=bfloat16_conv_kernels)
+  cfg = bench_train.train_config(precision, image_size, batch, 50, tmp)
+  cfg = cfg.replace(bfloat16_conv_kernels=bfloat16_conv_kernels)
   model_fn = bench_common.keras_resnet50 if name == "keras" else None
   _, seconds = bench_train.step_timer(cfg, model_fn, 1)
   return seconds

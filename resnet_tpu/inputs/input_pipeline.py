@@ -9,28 +9,29 @@ Each host builds one pipeline per `tf.distribute.InputContext`:
   records become weight-0 examples, one by one: record_guards.py) -> batch per
   replica -> labels checked -> prefetch
 
-The fused map is ordered (deterministic=True) whatever `deterministic` says:
-the record index finds the rare record whose decode raised (record_guards.
-fill_gaps).
+The fused map is ordered (deterministic=True) whatever --deterministic_input
+says: the record index finds the rare record whose decode raised
+(record_guards.fill_gaps).
 
 Pipelines get whole files when there are at least as many files as pipelines;
 otherwise every pipeline reads every file in one fixed order and keeps every
-k-th record. Each optimisation of §3.2 has a switch in `InputConfig`, so the
-ablation of Ying et al. Figure 5 is measurable (lab/bench_input.py).
+k-th record. Each optimisation of §3.2 has a switch in the config's
+`InputConfig` (cfg.input), so the ablation of Ying et al. Figure 5 is
+measurable (lab/bench_input.py). The files come listed: the pre-flight globs
+--data_dir once (preflight.find_data_files).
 
 Records follow tensorflow/tpu `tools/datasets/imagenet_to_gcs.py`: files
 `train-%05d-of-%05d` and `validation-%05d-of-%05d` whose `image/class/label` is
 1-based (`label_offset` subtracts it).
 
-Reproducibility: with `seed` set and `deterministic=True` the record order is
+Reproducibility: with `seed` set and `deterministic_input` the record order is
 seeded and every augmentation is drawn by stateless ops from (seed,
 input_pipeline_id, element index), so the batches are a pure function of the
 config, and `start_step` resumes them exactly.
 """
-import dataclasses
 import math
 import os
-from typing import Callable
+from typing import Callable, Sequence
 
 from absl import logging
 import tensorflow as tf
@@ -39,6 +40,7 @@ from resnet_tpu.inputs import record_guards
 from resnet_tpu.inputs import preprocessing
 from resnet_tpu.inputs import shard_audit
 from resnet_tpu.config import ConfigError
+from resnet_tpu.config import InputConfig
 
 SPLITS = ("train", "validation")
 # uint8: what preprocessing.py returns, a quarter of the bytes of float32;
@@ -52,42 +54,6 @@ FEATURES = (record_guards.IMAGE_FEATURE, record_guards.LABEL_FEATURE)
 DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
 
 
-@dataclasses.dataclass(frozen=True)
-class InputConfig:
-  """What the pipeline needs; parallel_*, fused_*, cache_*, prefetch ablate.
-
-  `crops` holds the crop and resize choices of train and eval (flags
-  --eval_crop_fraction, --train_crop_*, --train_resize_method).
-  """
-  data_dir: str
-  image_size: int = 224
-  label_offset: int = 1
-  dtype: str = "uint8"
-  cache_dataset: bool = False
-  shuffle_buffer_size: int = 1024
-  private_threadpool_size: int = 0
-  parallel_interleave: bool = True
-  parallel_map: bool = True
-  fused_decode_crop: bool = True
-  prefetch: bool = True
-  deterministic: bool = False
-  seed: int | None = None
-  num_classes: int = 0  # > 0: every label is checked (record_guards.py)
-  crops: preprocessing.CropOptions = preprocessing.CropOptions()
-
-  def __post_init__(self):
-    if self.dtype not in DTYPES:
-      raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-    if self.image_size < 1:
-      raise ValueError(f"image_size must be positive, got {self.image_size}")
-    if self.shuffle_buffer_size < 1:
-      raise ValueError("shuffle_buffer_size must be positive, got "
-                       f"{self.shuffle_buffer_size}")
-    if self.private_threadpool_size < 0:
-      raise ValueError("private_threadpool_size must be >= 0 (0: tf.data "
-                       f"default), got {self.private_threadpool_size}")
-
-
 def split_files(data_dir: str, split: str) -> list[str]:
   """Sorted TFRecord files of `split` in `data_dir`; ValueError if none."""
   if split not in SPLITS:
@@ -96,16 +62,17 @@ def split_files(data_dir: str, split: str) -> list[str]:
   files = sorted(tf.io.gfile.glob(pattern))
   if not files:
     raise ConfigError(
-        f"no TFRecord files match {pattern}; --data_dir must hold files named "
-        f"like {split}-00000-of-01024 (data/build_tfrecords.py or "
-        "tensorflow/tpu imagenet_to_gcs.py)")
+        f"--data_dir={data_dir!r} holds no '{split}-*-of-*' TFRecord files "
+        f"(no TFRecord files match {pattern}); expected the imagenet_to_gcs "
+        f"layout, e.g. {split}-00000-of-01024 (data/build_tfrecords.py or "
+        "tensorflow/tpu imagenet_to_gcs.py writes it).")
   return files
 
 
-def count_examples(data_dir: str, split: str) -> int:
-  """Records in the `split` files, read without parsing them; a damaged
-  file counts the records before the damage (shard_audit.py)."""
-  records = tf.data.TFRecordDataset(split_files(data_dir, split),
+def count_examples(files: Sequence[str]) -> int:
+  """Records in `files`, read without parsing them; a damaged file counts
+  the records before the damage (shard_audit.py)."""
+  records = tf.data.TFRecordDataset(list(files),
                                     buffer_size=READ_BUFFER_BYTES,
                                     num_parallel_reads=tf.data.AUTOTUNE
                                     ).ignore_errors()
@@ -137,8 +104,8 @@ def _options(cfg: InputConfig, deterministic: bool) -> tf.data.Options:
   return options
 
 
-def _records(files: list[str], ctx: tf.distribute.InputContext,
-             cfg: InputConfig, shard_files: bool,
+def _records(files: Sequence[str], ctx: tf.distribute.InputContext,
+             cfg: InputConfig, seed: int | None, shard_files: bool,
              max_records: int | None = None,
              expected: dict[str, int] | None = None) -> tf.data.Dataset:
   """This pipeline's share of the (source, record) pairs, optionally cached.
@@ -150,7 +117,7 @@ def _records(files: list[str], ctx: tf.distribute.InputContext,
   (manifest.json), to count the lost ones (shard_audit.py).
   """
   num_pipelines, pipeline_id = ctx.num_input_pipelines, ctx.input_pipeline_id
-  indices = list(range(len(files)))
+  files, indices = list(files), list(range(len(files)))
   if shard_files:
     files = files[pipeline_id::num_pipelines]
     indices = indices[pipeline_id::num_pipelines]
@@ -158,7 +125,7 @@ def _records(files: list[str], ctx: tf.distribute.InputContext,
                                     expected)
   if shard_files:
     # Shuffled once, not every epoch, so cache() replays what reading gives.
-    names = names.shuffle(len(files), seed=cfg.seed,
+    names = names.shuffle(len(files), seed=seed,
                           reshuffle_each_iteration=False)
   records = names.interleave(
       read, cycle_length=min(len(files), MAX_FILES_READ_AT_ONCE),
@@ -175,21 +142,23 @@ def _records(files: list[str], ctx: tf.distribute.InputContext,
   return records.cache() if cfg.cache_dataset else records
 
 
-def _train_map(cfg: InputConfig, pipeline_id: int) -> Callable:
+def _train_map(cfg: InputConfig, image_size: int, dtype: str,
+               seed: int | None, pipeline_id: int) -> Callable:
   """The one fused map of §3.2: parse, crop, decode, resize, flip, cast."""
-  dtype = tf.dtypes.as_dtype(cfg.dtype)
-  pipeline_seed = (None if cfg.seed is None else
-                   tf.constant([cfg.seed, pipeline_id], tf.int64))
+  dtype = tf.dtypes.as_dtype(dtype)
+  pipeline_seed = (None if seed is None else
+                   tf.constant([seed, pipeline_id], tf.int64))
 
   def parse_and_preprocess(index, source_and_record):
     source, record = source_and_record
     image_bytes, label, parsed = record_guards.parse(record, cfg.label_offset)
-    seed = (None if pipeline_seed is None else
-            tf.random.experimental.stateless_fold_in(pipeline_seed, index))
+    element_seed = (None if pipeline_seed is None else
+                    tf.random.experimental.stateless_fold_in(pipeline_seed,
+                                                             index))
     usable = parsed & record_guards.looks_like_jpeg(image_bytes)
     image = tf.cond(usable, lambda: preprocessing.preprocess_for_train(
-        image_bytes, cfg.image_size, cfg.fused_decode_crop, seed, cfg.crops),
-                    lambda: _blank(cfg.image_size))
+        image_bytes, image_size, cfg.fused_decode_crop, element_seed, cfg),
+                    lambda: _blank(image_size))
     fault = tf.where(usable, 0, record_guards.fault_label(source))
     return index, tf.cast(image, dtype), label, fault
 
@@ -210,81 +179,88 @@ def _examples_per_pipeline(global_batch_size: int,
   return global_batch_size // ctx.num_input_pipelines
 
 
-def train_dataset_fn(cfg: InputConfig, global_batch_size: int,
+def train_dataset_fn(cfg: InputConfig, files: Sequence[str],
+                     global_batch_size: int, *, image_size: int,
+                     num_classes: int = 0, dtype: str = "uint8",
+                     seed: int | None = None,
                      start_step: int = 0) -> DatasetFn:
   """Infinite training dataset_fn: (images [b, S, S, 3], labels int32 [b]).
 
-  Images are raw 0..255 pixels in cfg.dtype (uint8 by default; the model's
-  first layer casts); b is the per-replica batch.
+  `files`: the train split's (preflight.find_data_files). Images are raw
+  0..255 pixels in `dtype` (uint8 by default; the model's first layer
+  casts); b is the per-replica batch. num_classes > 0: every label is
+  checked (record_guards.py).
   `start_step` skips the records of that many global steps before decoding
-  anything, so with a seed and deterministic=True a resumed run sees exactly
-  the batches the interrupted one would have seen.
+  anything, so with a seed and deterministic_input a resumed run sees
+  exactly the batches the interrupted one would have seen.
   Unusable records and, when manifest.json lists every file, the records
   lost to damaged files arrive as weight-0 examples whose negative labels
   name their file (record_guards.py, shard_audit.py).
   """
-  files = split_files(cfg.data_dir, "train")
   expected = shard_audit.expected_records(cfg.data_dir, files)
 
   def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
     batch_size = ctx.get_per_replica_batch_size(global_batch_size)
-    records = _records(files, ctx, cfg,
+    records = _records(files, ctx, cfg, seed,
                        shard_files=len(files) >= ctx.num_input_pipelines,
                        expected=expected)
-    records = records.shuffle(cfg.shuffle_buffer_size, seed=cfg.seed,
+    records = records.shuffle(cfg.shuffle_buffer_size, seed=seed,
                               reshuffle_each_iteration=True)
     records = records.repeat().enumerate()
     skipped = start_step * _examples_per_pipeline(global_batch_size, ctx)
     if skipped:
       records = records.skip(skipped)
-    dataset = records.map(_train_map(cfg, ctx.input_pipeline_id),
+    dataset = records.map(_train_map(cfg, image_size, dtype, seed,
+                                     ctx.input_pipeline_id),
                           num_parallel_calls=_parallelism(cfg.parallel_map),
                           deterministic=True)
     dataset = record_guards.fill_gaps(dataset, skipped)
     dataset = dataset.batch(batch_size, drop_remainder=True)
-    dataset = record_guards.mark_train(dataset, cfg.num_classes,
-                                     cfg.label_offset)
+    dataset = record_guards.mark_train(dataset, num_classes,
+                                       cfg.label_offset)
     if cfg.prefetch:
       dataset = dataset.prefetch(tf.data.AUTOTUNE)
-    return dataset.with_options(_options(cfg, cfg.deterministic))
+    return dataset.with_options(_options(cfg, cfg.deterministic_input))
 
   return dataset_fn
 
 
-def eval_dataset_fn(cfg: InputConfig, global_batch_size: int,
-                    num_examples: int) -> DatasetFn:
+def eval_dataset_fn(cfg: InputConfig, files: Sequence[str],
+                    global_batch_size: int, num_examples: int, *,
+                    image_size: int, num_classes: int = 0,
+                    dtype: str = "uint8") -> DatasetFn:
   """Finite eval dataset_fn: (images, labels, mask float32 [b]), fixed order.
 
-  The first `num_examples` records are evaluated (count_examples(data_dir,
-  "validation") of them for the whole split). Each pipeline yields exactly
-  eval_steps(num_examples, global_batch_size) batches per replica it feeds,
+  `files`: the validation split's. The first `num_examples` records are
+  evaluated (count_examples(files) of them for the whole split). Each
+  pipeline yields exactly eval_steps(num_examples, global_batch_size)
+  batches per replica it feeds,
   padded with zero images of mask 0. Records, not files, are sharded, so
   shards differ by at most one example and always fit that many steps.
   """
-  files = split_files(cfg.data_dir, "validation")
   steps = eval_steps(num_examples, global_batch_size)
-  dtype = tf.dtypes.as_dtype(cfg.dtype)
+  dtype = tf.dtypes.as_dtype(dtype)
 
   def parse_and_preprocess(source, record):
     del source  # eval counts no faults: an unusable record gets mask 0
     image_bytes, label, parsed = record_guards.parse(record, cfg.label_offset)
     usable = parsed & record_guards.looks_like_jpeg(image_bytes)
     image = tf.cond(usable, lambda: preprocessing.preprocess_for_eval(
-        image_bytes, cfg.image_size, cfg.crops.eval_crop_fraction),
-                    lambda: _blank(cfg.image_size))
+        image_bytes, image_size, cfg.eval_crop_fraction),
+                    lambda: _blank(image_size))
     return tf.cast(image, dtype), label, usable
 
   def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
     batch_size = ctx.get_per_replica_batch_size(global_batch_size)
     num_padded = steps * _examples_per_pipeline(global_batch_size, ctx)
-    records = _records(files, ctx, cfg, shard_files=False,
+    records = _records(files, ctx, cfg, seed=None, shard_files=False,
                        max_records=num_examples)
     dataset = records.map(parse_and_preprocess,
                           num_parallel_calls=_parallelism(cfg.parallel_map))
-    dataset = record_guards.guard_eval(dataset, cfg.num_classes,
-                                     cfg.label_offset)
+    dataset = record_guards.guard_eval(dataset, num_classes,
+                                       cfg.label_offset)
     padding = tf.data.Dataset.from_tensors(
-        (tf.zeros([cfg.image_size, cfg.image_size, 3], dtype), tf.constant(0),
+        (tf.zeros([image_size, image_size, 3], dtype), tf.constant(0),
          tf.constant(0.0))).repeat()
     dataset = dataset.concatenate(padding).take(num_padded)
     dataset = dataset.batch(batch_size, drop_remainder=True)

@@ -7,9 +7,10 @@ whole-image box, as there, makes the smallest area 10%), and
 `tf.image.decode_and_crop_jpeg` decodes only that box. Ying et al. report about
 25% more input throughput from this fusion: a full decode spends most of its
 time on pixels the crop throws away. The full-decode path stays for the
-ablation (§4, Figure 5). `CropOptions` (flags --train_crop_min_area,
---train_crop_max_aspect, --train_resize_method) changes the area, the aspect
-range and the resize kernel; the defaults are ImageNet's.
+ablation (§4, Figure 5). The config's `InputConfig` (flags
+--train_crop_min_area, --train_crop_max_aspect, --train_resize_method)
+changes the area, the aspect range and the resize kernel; the defaults are
+ImageNet's.
 
 Evaluation decodes a centre crop of --eval_crop_fraction (0.875) of the
 shorter side and resizes it; `preprocess_for_eval` is the one definition used
@@ -24,35 +25,15 @@ instead of float32 writes and copies a quarter of the bytes per image on the
 host and moves a quarter over the host-to-device link; the model casts on the
 device (`python -m lab.bench_input` times both).
 """
-import dataclasses
-
 import tensorflow as tf
+
+from resnet_tpu.config import InputConfig
 
 
 # 224 / (224 + 32): tensorflow/tpu's eval crop at 224 px.
 EVAL_CROP_FRACTION = 0.875
 MIN_OBJECT_COVERED = 0.1
-ASPECT_RATIO_RANGE = (3.0 / 4.0, 4.0 / 3.0)
-AREA_RANGE = (0.08, 1.0)
 MAX_ATTEMPTS = 10
-
-
-@dataclasses.dataclass(frozen=True)
-class CropOptions:
-  """The crop and resize choices of preprocessing; defaults are ImageNet's.
-
-  eval_crop_fraction: side of the eval centre crop over the shorter side
-    (also the training fallback when no random box fits);
-  train_crop_min_area: smallest random box, as a fraction of the image area;
-  train_crop_max_aspect: box aspect ratios (width / height) lie in
-    [1 / max, max];
-  train_resize_method: resize kernel of the training crop. tensorflow/tpu
-    and MLPerf use bicubic; bilinear is cheaper (README "Recipes").
-  """
-  eval_crop_fraction: float = EVAL_CROP_FRACTION
-  train_crop_min_area: float = AREA_RANGE[0]
-  train_crop_max_aspect: float = ASPECT_RATIO_RANGE[1]
-  train_resize_method: str = "bilinear"
 
 
 def _window(offset: tf.Tensor, size: tf.Tensor) -> tf.Tensor:
@@ -77,7 +58,7 @@ def center_crop_window(image_shape: tf.Tensor,
 
 def sample_crop_window(image_shape: tf.Tensor,
                        seed: tf.Tensor | None = None,
-                       options: CropOptions = CropOptions()) -> tf.Tensor:
+                       options: InputConfig = InputConfig()) -> tf.Tensor:
   """An Inception-style random crop window [y, x, h, w] of an image shape.
 
   When none of MAX_ATTEMPTS boxes fits, the sampler returns the whole image
@@ -157,7 +138,7 @@ def random_flip(image: tf.Tensor, seed: tf.Tensor | None) -> tf.Tensor:
 
 def preprocess_for_train(image_bytes: tf.Tensor, image_size: int, fused: bool,
                          seed: tf.Tensor | None = None,
-                         options: CropOptions = CropOptions()) -> tf.Tensor:
+                         options: InputConfig = InputConfig()) -> tf.Tensor:
   """JPEG -> random crop, resize, random flip -> uint8 [S, S, 3].
 
   With a `seed` (shape [2] int) every random choice is stateless, so the

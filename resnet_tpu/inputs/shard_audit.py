@@ -179,7 +179,8 @@ def reading(files: list[str], indices: list[int], buffer_size: int,
   return names, read
 
 
-def expected_records(data_dir: str, files: list[str]) -> dict[str, int] | None:
+def expected_records(data_dir: str, files: Sequence[str]
+                     ) -> dict[str, int] | None:
   """path -> records of `files` in manifest.json; None when it does not
   list them all (preflight.check_manifest names those)."""
   listed = (manifest.read(data_dir) or {}).get("train", {})

@@ -33,7 +33,8 @@ import keras
 from resnet_tpu.model import bfloat16_convs
 
 from resnet_tpu.model.bfloat16_convs import Conv2D
-from resnet_tpu.config import TrainConfig
+from resnet_tpu.config import DistributionConfig
+from resnet_tpu.config import ModelConfig
 from resnet_tpu.model.distributed_batch_norm import DistributedBatchNormalization
 
 # ImageNet channel statistics on the 0..255 scale.
@@ -204,11 +205,14 @@ def dtype_policy(precision: str):
     keras.config.set_dtype_policy(previous)
 
 
-def build_model(cfg: TrainConfig,
+def build_model(cfg: ModelConfig,
+                distribution: DistributionConfig = DistributionConfig(),
                 bn_groups: Sequence[Sequence[int]] | None = None,
                 stride_in_3x3: bool = True) -> keras.Model:
   """The ResNet of `cfg` in the precision of `cfg`: the one mapping from a
-  config to the network (training, export and benchmarks use it).
+  config's model part to the network (training, export and benchmarks use
+  it). `distribution`: how BN sums its statistics (--bn_all_reduce,
+  --collective_timeout_s).
 
   Under a strategy scope, --bfloat16_conv_kernels=auto resolves for the
   strategy's devices (bfloat16_convs.py). `bn_groups`: the BN groups of a
@@ -227,6 +231,6 @@ def build_model(cfg: TrainConfig,
                         cfg.bn_group_size, cfg.bn_momentum, cfg.bn_epsilon,
                         stride_in_3x3=stride_in_3x3,
                         float32_kernels=float32_kernels,
-                        bn_all_reduce=cfg.bn_all_reduce,
-                        collective_timeout_s=cfg.collective_timeout_s,
+                        bn_all_reduce=distribution.bn_all_reduce,
+                        collective_timeout_s=distribution.collective_timeout_s,
                         bn_groups=bn_groups)

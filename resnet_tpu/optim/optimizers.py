@@ -16,7 +16,9 @@ import keras
 from resnet_tpu.parallel import gradient_all_reduce as gradient_all_reduce_lib
 from resnet_tpu.clock import EpochClock
 from resnet_tpu.config import parse_grid
-from resnet_tpu.config import TrainConfig
+from resnet_tpu.config import DistributionConfig
+from resnet_tpu.config import OptimConfig
+from resnet_tpu.config import RunConfig
 from resnet_tpu.optim.lars import DEFAULT_EXCLUDE, LARS
 from resnet_tpu.optim.rmsprop_warmup import RMSpropWarmup, SgdShareSchedule
 from resnet_tpu.optim.schedules import EpochSchedule
@@ -98,15 +100,18 @@ def build_optimizer(
       optimizer, gradient_all_reduce, all_reduce_grid, collective_timeout_s)
 
 
-def build_optimizer_from_config(cfg: TrainConfig
-                                ) -> keras.optimizers.Optimizer:
-  """The optimizer of `cfg` with its epoch-based LR schedule (call it under
-  the strategy scope)."""
-  clock = cfg.clock
+def build_optimizer_from_config(
+    cfg: OptimConfig, run: RunConfig,
+    distribution: DistributionConfig = DistributionConfig()
+) -> keras.optimizers.Optimizer:
+  """The optimizer of `cfg` with its epoch-based LR schedule over the
+  batches and length of `run`, summing gradients as `distribution` says
+  (call it under the strategy scope)."""
+  clock = run.clock
   learning_rate = EpochSchedule(
-      cfg.base_learning_rate, images_per_epoch=cfg.num_train_images,
+      cfg.base_learning_rate, images_per_epoch=run.num_train_images,
       batch_size_schedule=clock.batch_size_schedule,
-      train_epochs=cfg.total_train_epochs, warmup_epochs=cfg.warmup_epochs,
+      train_epochs=run.total_train_epochs, warmup_epochs=cfg.warmup_epochs,
       decay=cfg.lr_schedule, decay_power=cfg.lr_decay_power,
       scaling=cfg.learning_rate_scaling,
       end_learning_rate=cfg.end_learning_rate)
@@ -117,6 +122,6 @@ def build_optimizer_from_config(cfg: TrainConfig
       rmsprop_learning_rate=cfg.rmsprop_learning_rate,
       rmsprop_warmup_center_epochs=cfg.rmsprop_warmup_center_epochs,
       rmsprop_warmup_period_epochs=cfg.rmsprop_warmup_period_epochs,
-      clock=clock, gradient_all_reduce=cfg.gradient_all_reduce,
-      all_reduce_grid=parse_grid(cfg.all_reduce_grid),
-      collective_timeout_s=cfg.collective_timeout_s)
+      clock=clock, gradient_all_reduce=distribution.gradient_all_reduce,
+      all_reduce_grid=parse_grid(distribution.all_reduce_grid),
+      collective_timeout_s=distribution.collective_timeout_s)

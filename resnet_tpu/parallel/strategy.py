@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from resnet_tpu.parallel import tpu_layout
 from resnet_tpu.config import ConfigError
+from resnet_tpu.config import DistributionConfig
 
 
 def configure_cpu_replicas(num_replicas: int) -> list[str]:
@@ -90,23 +91,23 @@ def _tpu_strategy(tpu: str, bn_group_size: int, log_topology: bool,
   return Distribution(strategy, layout.group_assignment, slice_topology)
 
 
-def create_strategy(kind: str, tpu: str = "",
-                    num_cpu_replicas: int = 1, bn_group_size: int = 1,
-                    log_topology: bool = False,
-                    tpu_device_assignment: str = "default",
-                    collective_timeout_s: float = 0.0) -> Distribution:
-  """Builds the strategy of `kind` (tpu, gpu, multi_worker or cpu: the
-  kind process_setup.startup_kind decided) for `--tpu`/`--num_cpu_replicas`.
+def create_strategy(cfg: DistributionConfig,
+                    bn_group_size: int = 1) -> Distribution:
+  """Builds the strategy of `cfg.strategy` (tpu, gpu, multi_worker or cpu:
+  the kind process_setup.startup_kind decided) for `--tpu` or
+  `--num_cpu_replicas`.
 
-  On TPU, `tpu_device_assignment` is TensorFlow's own ("default") or the
-  torus ring, `bn_group_size` shapes the BN tiles and `log_topology` logs
-  the replica layout (tpu_layout.py). `collective_timeout_s` bounds every
-  multi-worker collective (0 = none): a worker that hangs while alive then
-  stops the others instead of blocking them forever.
+  On TPU, `--tpu_device_assignment` is TensorFlow's own ("default") or the
+  torus ring, `bn_group_size` (the model's) shapes the BN tiles and
+  `--log_topology` logs the replica layout (tpu_layout.py).
+  `--collective_timeout_s` bounds every multi-worker collective (0 = none):
+  a worker that hangs while alive then stops the others instead of blocking
+  them forever.
   """
+  kind = cfg.strategy
   if kind == "tpu":
-    distribution = _tpu_strategy(tpu or "local", bn_group_size, log_topology,
-                                 tpu_device_assignment)
+    distribution = _tpu_strategy(cfg.tpu or "local", bn_group_size,
+                                 cfg.log_topology, cfg.tpu_device_assignment)
     _log(distribution.strategy, kind)
     return distribution
   if kind == "gpu":
@@ -120,10 +121,10 @@ def create_strategy(kind: str, tpu: str = "",
                        "environment variable (cluster and task).")
     strategy = tf.distribute.MultiWorkerMirroredStrategy(
         communication_options=tf.distribute.experimental.CommunicationOptions(
-            timeout_seconds=collective_timeout_s or None))
+            timeout_seconds=cfg.collective_timeout_s or None))
   elif kind == "cpu":
     strategy = tf.distribute.MirroredStrategy(
-        configure_cpu_replicas(num_cpu_replicas))
+        configure_cpu_replicas(cfg.num_cpu_replicas))
   else:
     raise ValueError(f"create_strategy needs a concrete strategy kind "
                      f"(process_setup.startup_kind), got {kind!r}.")

@@ -122,7 +122,7 @@ class Checkpoints:
 
   def _manager(self) -> tf.train.CheckpointManager:
     return tf.train.CheckpointManager(self.checkpoint, self.directory,
-                                      max_to_keep=self.cfg.keep_checkpoints)
+                                      max_to_keep=self.cfg.run.keep_checkpoints)
 
   def latest(self) -> str | None:
     return tf.train.latest_checkpoint(self.cfg.model_dir)
@@ -167,10 +167,10 @@ class Checkpoints:
         raise error
       raise ConfigError(
           f"--model_dir={self.cfg.model_dir!r}: cannot restore {path} into "
-          f"this run (--resnet_depth={self.cfg.resnet_depth}, "
-          f"--num_classes={self.cfg.num_classes}, --optimizer="
-          f"{self.cfg.optimizer}): {_first_line(error)}\nIf another network "
-          "wrote it, use a new --model_dir or that run's flags (its "
+          f"this run (--resnet_depth={self.cfg.model.resnet_depth}, "
+          f"--num_classes={self.cfg.model.num_classes}, --optimizer="
+          f"{self.cfg.optim.optimizer}): {_first_line(error)}\nIf another "
+          "network wrote it, use a new --model_dir or that run's flags (its "
           "config.json).") from error
     if damaged:
       raise ConfigError(

@@ -84,19 +84,19 @@ class ReplicaStep:
     self.optimizer = optimizer
     self.num_replicas = num_replicas
     self.accumulators = list(accumulators)
-    in_loss = optimizers.weight_decay_in_loss(cfg.optimizer)
+    in_loss = optimizers.weight_decay_in_loss(cfg.optim.optimizer)
     self._decayed = (decayed_variables(model)
-                     if in_loss and cfg.weight_decay else [])
+                     if in_loss and cfg.optim.weight_decay else [])
 
   def losses_and_hits(self, logits, labels):
     """Per-example loss, top-1 and top-5 hits and weight (0 for label -1)."""
     logits = tf.cast(logits, tf.float32)
     weight = tf.cast(labels >= 0, tf.float32)
     labels = tf.maximum(labels, 0)
-    one_hot = tf.one_hot(labels, self.cfg.num_classes)
+    one_hot = tf.one_hot(labels, self.cfg.model.num_classes)
     per_example = keras.losses.categorical_crossentropy(
         one_hot, logits, from_logits=True,
-        label_smoothing=self.cfg.label_smoothing)
+        label_smoothing=self.cfg.optim.label_smoothing)
     top1 = tf.cast(tf.math.in_top_k(labels, logits, 1), tf.float32)
     top5 = tf.cast(tf.math.in_top_k(labels, logits, 5), tf.float32)
     return per_example * weight, top1 * weight, top5 * weight, weight
@@ -107,11 +107,12 @@ class ReplicaStep:
       logits = self.model(images, training=True)
       per_example, top1, top5, weight = self.losses_and_hits(logits, labels)
       # Scaled by the GLOBAL batch: the optimizer sums over replicas.
-      scale = tf.cast(self.cfg.global_batch_size * micro_batches, tf.float32)
+      scale = tf.cast(self.cfg.run.global_batch_size * micro_batches,
+                      tf.float32)
       loss = tf.reduce_sum(per_example) / scale
       if self._decayed:
         l2 = tf.add_n([tf.nn.l2_loss(v) for v in self._decayed])
-        loss += (self.cfg.weight_decay * l2 /
+        loss += (self.cfg.optim.weight_decay * l2 /
                  tf.cast(self.num_replicas * micro_batches, tf.float32))
     grads = tape.gradient(loss, self.model.trainable_variables)
     unusable, lost, by_source = record_guards.fault_counts(
@@ -129,7 +130,7 @@ class ReplicaStep:
   def train(self, images, labels) -> StepSums:
     """One training step; `nonfinite` > 0 if its loss/gradients were not
     finite (on this replica, or on any with --skip_nonfinite_steps)."""
-    skip = self.cfg.skip_nonfinite_steps
+    skip = self.cfg.optim.skip_nonfinite_steps
     stats = ([tf.identity(v.value) for v in self.model.non_trainable_variables]
              if skip else [])
     grads, sums = self.gradients(images, labels)

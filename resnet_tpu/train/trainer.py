@@ -52,24 +52,26 @@ class Trainer:
     """model_fn: builds the network (default: model.build_model with
     `bn_groups`, the TPU placement's BN groups); loop_callback: called with
     every host loop's train record."""
-    if not cfg.num_train_images:
+    if not cfg.run.num_train_images:
       raise ValueError("TrainConfig.num_train_images is 0: resolve the "
                        "config first (preflight.resolve fills it from the "
                        "data), or set it.")
     self.cfg = cfg
     self.strategy = strategy
     self.chief = is_chief(strategy)
-    self.clock = cfg.clock
+    self.clock = cfg.run.clock
     self._loop_callback = loop_callback
     with strategy.scope():
       self.model = (model_fn(cfg) if model_fn else
-                    build_model(cfg, bn_groups=bn_groups))
-      self.optimizer = build_optimizer_from_config(cfg)
+                    build_model(cfg.model, cfg.distribution,
+                                bn_groups=bn_groups))
+      self.optimizer = build_optimizer_from_config(cfg.optim, cfg.run,
+                                                   cfg.distribution)
       # Built explicitly before the first traced step (slots must exist as
       # distributed variables, not be created inside a replica function).
       self.optimizer.build(self.model.trainable_variables)
       accumulators = (make_accumulators(self.model)
-                      if cfg.batch_size_schedule else [])
+                      if cfg.run.batch_size_schedule else [])
       # Global batches read from the training input (micro-batches and BN
       # recomputation included): where a resumed run starts reading.
       self.input_batches = tf.Variable(0, dtype=tf.int64, trainable=False,
@@ -79,13 +81,13 @@ class Trainer:
                                     accumulators)
     self.loops = HostLoops(strategy, self.replica_step)
     self._bn_recomputer = (BNStatisticsRecomputer(self.model, strategy)
-                           if cfg.bn_stats == "recompute" else None)
+                           if cfg.model.bn_stats == "recompute" else None)
     self.checkpoints = Checkpoints(
         cfg, self.model, self.optimizer, self.input_batches,
         worker_checkpoint_dir(cfg.model_dir, strategy, self.chief),
         self.chief)
     self.metrics = MetricsLog(cfg.model_dir, enabled=self.chief)
-    self.save_timer = cadence.SaveTimer(cfg.checkpoint_every_minutes)
+    self.save_timer = cadence.SaveTimer(cfg.run.checkpoint_every_minutes)
     self._start_time = time.time()
     self._faults = None
 
@@ -95,7 +97,8 @@ class Trainer:
 
   def accumulation_steps(self, step: int) -> int:
     """Micro-batches per optimizer step at `step` (Mikami et al.)."""
-    return self.clock.global_batch_at_step(step) // self.cfg.global_batch_size
+    return (self.clock.global_batch_at_step(step) //
+            self.cfg.run.global_batch_size)
 
   def restore(self) -> int:
     """Restores the newest intact checkpoint of model_dir; returns the step.
@@ -145,7 +148,7 @@ class Trainer:
           eval_dataset_fn: DatasetFn | None = None, eval_steps: int = 0,
           resume_dataset_fn: Callable[[int], DatasetFn] | None = None,
           faults: DataFaults | None = None) -> dict:
-    """Trains to cfg.total_train_steps, evaluating and checkpointing.
+    """Trains to cfg.run.total_train_steps, evaluating and checkpointing.
 
     Resumes from the newest intact checkpoint in model_dir, input included:
     reading continues at global batch `input_batches`, from
@@ -159,7 +162,7 @@ class Trainer:
     Raises preemption.Preempted after checkpointing when any worker got
     SIGTERM, preemption.WorkerLost when a peer worker failed, and
     loop_report.NonFiniteLossError, without saving, on a NaN/Inf loss or
-    gradient unless cfg.skip_nonfinite_steps.
+    gradient unless cfg.optim.skip_nonfinite_steps.
     """
     self._start_time = time.time()
     self._faults = faults
@@ -206,22 +209,22 @@ class Trainer:
   def _train(self, train_iter: Iterator, evaluate: Callable[[], dict] | None,
              sigterm: preemption.SigtermWatcher) -> dict:
     cfg = self.cfg
-    total = cfg.total_train_steps
-    eval_every = cfg.eval_every_steps or total
-    ckpt_every = cfg.checkpoint_every_steps or eval_every
+    total = cfg.run.total_train_steps
+    eval_every = cfg.run.eval_every_steps or total
+    ckpt_every = cfg.run.checkpoint_every_steps or eval_every
     last = {}
     step = start_step = self.step
     phase_starts = self.clock.phase_start_steps()
     self.save_timer.restart()
     while step < total:
       next_phase = min([s for s in phase_starts if s > step] + [total])
-      n = min(cfg.steps_per_loop, next_phase - step,
+      n = min(cfg.run.steps_per_loop, next_phase - step,
               eval_every - step % eval_every, ckpt_every - step % ckpt_every)
       micro_batches = self.accumulation_steps(step)
       t0 = time.time()
       result = self._host_loop(train_iter, n, micro_batches)
       seconds = time.time() - t0
-      loop_report.check_finite(result, step, n, cfg.skip_nonfinite_steps,
+      loop_report.check_finite(result, step, n, cfg.optim.skip_nonfinite_steps,
                                self.checkpoints.latest)
       step = self.step
       last = self._log_train(result, n * micro_batches, seconds, step,
@@ -232,8 +235,9 @@ class Trainer:
       do_eval = evaluate is not None and (step % eval_every == 0 or
                                           step == total)
       if self._bn_recomputer and (do_save or do_eval):
-        self._bn_recomputer.recompute(train_iter, cfg.bn_recompute_batches)
-        self.input_batches.assign_add(cfg.bn_recompute_batches)
+        batches = cfg.model.bn_recompute_batches
+        self._bn_recomputer.recompute(train_iter, batches)
+        self.input_batches.assign_add(batches)
       if do_save or preempted:
         path = self.save()
         self.save_timer.restart()
@@ -262,7 +266,7 @@ class Trainer:
     elapsed = time.time() - self._start_time
     record = loop_report.train_record(
         result, step, total,
-        images_per_sec=batches * self.cfg.global_batch_size / seconds,
+        images_per_sec=batches * self.cfg.run.global_batch_size / seconds,
         elapsed_s=elapsed,
         eta_s=loop_report.eta_seconds(elapsed, step - start_step,
                                       total - step),

@@ -8,7 +8,6 @@ path as `make study`: idx files -> class-folder JPEGs ->
 data/build_tfrecords.py -> resnet_tpu.run.run -> eval of every test image.
 No accuracy is asserted: results live in bench_results/studies.
 """
-import dataclasses
 import gzip
 import json
 import os
@@ -153,10 +152,10 @@ def test_the_smoke_reads_jpegs_built_from_the_idx_files(smoke):
 def test_project_runs_evaluate_at_75_percent_and_at_the_end():
   from lab import study_plan
   from resnet_tpu.config import TrainConfig
-  base = TrainConfig(model_dir="", num_train_images=1000, label_smoothing=0.1)
+  base = TrainConfig.from_flat("", num_train_images=1000, label_smoothing=0.1)
   for run in study_plan.crop_runs(base, study_plan.DEFAULT):
-    total = run.cfg.total_train_steps
-    every = run.cfg.eval_every_steps
+    total = run.cfg.run.total_train_steps
+    every = run.cfg.run.eval_every_steps
     evals = [s for s in range(1, total + 1) if s % every == 0 or s == total]
     assert len(evals) == 2 and abs(evals[0] - 0.75 * total) <= 1, evals
 
@@ -182,16 +181,16 @@ def test_the_estimate_prices_each_evaluation_after_the_calibrated_one(
 def test_a_smaller_scale_keeps_every_run_s_steps():
   from lab import study_plan
   from resnet_tpu.config import TrainConfig
-  base = TrainConfig(model_dir="", label_smoothing=0.1)
+  base = TrainConfig.from_flat("", label_smoothing=0.1)
 
   def steps(scale):
-    sized = dataclasses.replace(base, num_train_images=scale.num_train)
+    sized = base.replace(num_train_images=scale.num_train)
     plan = (study_plan.bn_runs(sized, scale)
             + study_plan.large_batch_runs(sized, scale)
             + study_plan.batch_control_runs(sized, scale)
             + study_plan.baseline_runs(sized, scale)
             + study_plan.crop_runs(sized, scale))
-    return [(r.study, r.seed, r.cfg.total_train_steps) for r in plan]
+    return [(r.study, r.seed, r.cfg.run.total_train_steps) for r in plan]
 
   default = study_plan.DEFAULT
   assert steps(default.shrunk().shrunk()) == steps(default)
