@@ -130,7 +130,7 @@ def _study_figures() -> tuple[set[str], list[dict]]:
 def test_results_on_real_data_quote_only_what_the_committed_studies_measured():
   section = _section("Results on real data")
   figures, studies = _study_figures()
-  assert {s["name"] for s in studies} == set(STUDY_FILES)
+  assert studies and {s["name"] for s in studies} <= set(STUDY_FILES)
   for study in studies:
     assert f"Run {study['date']}" in section
     assert study["machine"].split(",")[1].strip() in section  # "2 cores"
