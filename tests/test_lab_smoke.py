@@ -13,7 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENTRY_POINTS = ("lab.bench_train", "lab.bench_bn_groups", "lab.bench_input",
                 "lab.allreduce_sim", "lab.study", "lab.dev.bench_collectives",
                 "lab.dev.bench_cpu_kernels", "lab.dev.op_profile",
-                "lab.dev.profile_step")
+                "lab.dev.profile_step", "lab.dev.cfg_walk")
 
 
 @pytest.mark.parametrize("module", ENTRY_POINTS)

@@ -62,3 +62,24 @@ def test_profile_step_runs_an_input_workload_in_a_loop(workload):
                 "--num_images=4", "--image_size=32", "--input_batch_size=2",
                 "--seconds=0.2", timeout=120)
   assert f"{workload}: " in stdout
+
+
+def test_cfg_walk_counts_stops_modules_and_returns():
+  from lab.dev import cfg_walk
+  from resnet_tpu import config as config_lib
+  from resnet_tpu import preflight
+  cfg = config_lib.TrainConfig.tiny("model", use_synthetic_data=True)
+
+  def three_stops():
+    config_lib.validate(cfg)
+    config_lib.validate(cfg)  # the same module again: still one stop
+    preflight.input_notes(cfg)
+    cfg.flat()  # the config's own method: reading it, not a stop
+    preflight.input_notes(cfg)
+    config_lib.validate(cfg)
+
+  stops = cfg_walk.walk(three_stops, (config_lib.TrainConfig,))
+  assert stops == ["resnet_tpu.config", "resnet_tpu.preflight",
+                   "resnet_tpu.config"]
+  assert cfg_walk.summary(stops) == {"stops": 3, "modules": 2, "returns": 1}
+  assert config_lib.RunConfig in cfg_walk.part_types(config_lib.TrainConfig)
