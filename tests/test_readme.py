@@ -115,7 +115,8 @@ def _study_figures() -> tuple[set[str], list[dict]]:
     for p in study["points"]:
       figures |= {f"{100 * p[k]:.1f}" for k in ("top1_mean", "top1_min",
                                                 "top1_max")}
-      figures.add(f"{p['steps_per_sec']:.2f}")
+      figures |= {f"{p['steps_per_sec']:.2f}",
+                  f"{p.get('train_loss', 0):.2f}"}  # the first design: none
     figures |= {f"{100 * abs(a - b):.1f}" for a in means for b in means}
     for verdict in study.get("verdicts", []):
       figures |= {f"{abs(verdict[k]):.1f}" for k in ("gap_points",
