@@ -58,7 +58,7 @@ def parse_flagfile(path: str) -> TrainConfig:
   flag_values(["main.py", f"--flagfile={path}", "--model_dir=/tmp/unused"])
   cfg = resnet_flags.config_from_flags(flag_values)
   return cfg.replace(num_train_images=(cfg.run.num_train_images or
-                             preflight.IMAGENET_TRAIN_IMAGES))
+                                       preflight.IMAGENET_TRAIN_IMAGES))
 
 
 def replicas_of(path: str, cfg: TrainConfig) -> int:
@@ -79,15 +79,15 @@ def shrink(cfg: TrainConfig, model_dir: str) -> TrainConfig:
   epoch or more of it, so warm-up and decays move. A batch-size schedule
   becomes TINY_SCHEDULE; a 2-D all-reduce grid becomes the squarest for 2.
   """
-  return cfg.replace(model_dir=model_dir, data_dir="", use_synthetic_data=True,
+  return cfg.replace(
+      model_dir=model_dir, data_dir="", use_synthetic_data=True,
       resnet_depth=18, image_size=32, strategy="cpu", tpu="",
       num_cpu_replicas=2, bn_group_size=min(cfg.model.bn_group_size, 2),
       global_batch_size=TINY_BATCH, eval_batch_size=TINY_BATCH,
       batch_size_schedule=TINY_SCHEDULE if cfg.run.batch_size_schedule else "",
       num_train_images=TINY_EPOCH, train_epochs=cfg.run.total_train_epochs,
-      train_steps=2, steps_per_loop=1,
-      all_reduce_grid="", eval_every_steps=0, checkpoint_every_steps=0,
-      cache_dataset=False, export_dir="")
+      train_steps=2, steps_per_loop=1, all_reduce_grid="", eval_every_steps=0,
+      checkpoint_every_steps=0, cache_dataset=False, export_dir="")
 
 
 def test_every_published_recipe_and_machine_has_a_flagfile():

@@ -1,10 +1,11 @@
 """Following the config through one run: the stops it makes, module by module.
 
-  python -m lab.dev.cfg_walk --data_dir=demo_data/tfrecords   # after make demo
+  python -m lab.dev.cfg_walk --data_dir=demo_data/tfrecords  # make demo's
 
 Traces one tiny run of resnet_tpu.run.run (TrainConfig.tiny: 2 CPU
-replicas, 2 steps; synthetic data without --data_dir) and lists, in call order, the package's functions
-that receive the TrainConfig, or one of its parts, as an argument. Calls
+replicas, 2 steps; synthetic data without --data_dir) and lists, in call
+order, the package's functions that receive the TrainConfig, or one of its
+parts, as an argument. Calls
 in a row within one module are one stop; a stop in a module already left
 is a return. The config's own methods and properties (resnet_tpu.config
 with `self` the config) are reading it, not a stop. Two walks: the whole
@@ -68,8 +69,10 @@ def part_types(config_type: type) -> tuple[type, ...]:
 
 def main(argv: list[str]) -> None:
   del argv
+  # TensorFlow loads after absl has parsed the flags.
   from resnet_tpu import run as run_lib  # pylint: disable=g-import-not-at-top
-  from resnet_tpu.config import TrainConfig  # pylint: disable=g-import-not-at-top
+  from resnet_tpu import config as config_lib  # pylint: disable=g-import-not-at-top,line-too-long
+  TrainConfig = config_lib.TrainConfig  # pylint: disable=invalid-name
   for name, kinds in (("the whole config", (TrainConfig,)),
                       ("the config or a part",
                        (TrainConfig,) + part_types(TrainConfig))):
@@ -77,7 +80,7 @@ def main(argv: list[str]) -> None:
       cfg = TrainConfig.tiny(model_dir, data_dir=_DATA_DIR.value,
                              use_synthetic_data=not _DATA_DIR.value,
                              num_eval_images=8)
-      stops = walk(lambda: run_lib.run(cfg), kinds)  # pylint: disable=cell-var-from-loop
+      stops = walk(lambda c=cfg: run_lib.run(c), kinds)
     print(f"{name}: {summary(stops)}")
     print("  " + " -> ".join(m[len(PACKAGE) + 1:] for m in stops))
 

@@ -53,9 +53,9 @@ class Trainer:
     `bn_groups`, the TPU placement's BN groups); loop_callback: called with
     every host loop's train record."""
     if not cfg.run.num_train_images:
-      raise ValueError("TrainConfig.num_train_images is 0: resolve the "
-                       "config first (preflight.resolve fills it from the "
-                       "data), or set it.")
+      raise ValueError("cfg.run.num_train_images is 0: resolve the config "
+                       "first (preflight.resolve fills it from the data), "
+                       "or set --num_train_images.")
     self.cfg = cfg
     self.strategy = strategy
     self.chief = is_chief(strategy)
