@@ -109,7 +109,8 @@ def test_bench_results_holds_one_run_and_the_studies():
   if "studies" in folders:
     assert set(os.listdir(studies)) <= {
         study + ext for study in ("a_distributed_bn", "b_large_batch",
-                                  "c_batch_size_control")
+                                  "c_batch_size_control",
+                                  "baseline_stock_keras", "crop_small_images")
         for ext in (".md", ".json", ".png")}, os.listdir(studies)
   assert {"REPORT.md", "summary.json", "train.json", "train.md",
           "bn_groups.json", "bn_groups.md", "input.json", "input.md",
