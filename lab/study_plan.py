@@ -20,9 +20,9 @@ LR rules, one per optimizer, stated once here and never tuned per point
     (40, 70, 85 of 90) that a run of a few epochs never reaches.
 
 Studies: a (Ying §3.1) BN batch 4 per replica on 8 replicas against a BN
-group of 8 replicas (BN batch 32); b (Goyal; Ying §3; Akiba)
-the two ends of a 32x span of batches at equal epochs, then label
-smoothing off for the best optimizer at the largest batch; c (Mikami et al. 2018) a growing
+group of 8 replicas (BN batch 32); b (Goyal; Ying §3; Akiba) the two ends
+of a 32x span of batches at equal epochs, then label smoothing off for the
+best optimizer at the largest batch; c (Mikami et al. 2018) a growing
 batch against the final batch at equal epochs and at equal steps, and the
 small batch as a ceiling; baseline: the same network in stock Keras
 model.fit beside the project's path; crop: the Inception crop (min area

@@ -58,7 +58,8 @@ def setting(name: str, scale, source: str, num_test: int) -> str:
   shared = (f"The narrow ResNet-10 of lab/study_model.py at 32 px on "
             f"{scale.num_train} training images of {source}, test top-1 "
             f"over all {num_test} test images, evaluated at 75 % and at "
-            f"the end of each run (stock Keras: each quarter); {len(scale.seeds)} paired seed(s) per point; "
+            f"the end of each run (stock Keras: each quarter); "
+            f"{len(scale.seeds)} paired seed(s) per point; "
             f"warm-up 15 % of each run; LR rules and "
             f"criteria of lab/study_plan.py.")
   if name == "a":

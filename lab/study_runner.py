@@ -135,8 +135,8 @@ class Runner:
       if name.startswith(("ckpt", "checkpoint")):
         os.remove(os.path.join(model_dir, name))
     final = evals[-1]
-    return {"top1": final["top1"],
-            "eval_seconds": final["examples"] / final["images_per_sec"], "top5": final["top5"],
+    return {"top1": final["top1"], "top5": final["top5"],
+            "eval_seconds": final["examples"] / final["images_per_sec"],
             "eval_loss": final["loss"], "test_examples": final["examples"],
             "train_steps": final["step"], "train_loss": train[-1]["loss"],
             "images": sum(r["examples"] for r in train),
@@ -199,7 +199,8 @@ class Runner:
     return list(unique.values())
 
   def describe(self, plan: list[study_plan.Run]) -> str:
-    images = sum(micro_steps(r.cfg) * r.cfg.run.global_batch_size for r in plan)
+    images = sum(micro_steps(r.cfg) * r.cfg.run.global_batch_size
+                 for r in plan)
     return f"{images} training images in all"
 
   def estimate(self, plan: list[study_plan.Run]) -> tuple[float, float]:
