@@ -1,6 +1,6 @@
 r"""The papers' central claims, each testable either way, on real photos.
 
-  python -m lab.study [--studies=a,b,c,baseline,crop] [--smoke | --full] \
+  python -m lab.study [--studies=a,lr,b,c,baseline,crop] [--smoke|--full] \
       [--image_dir=D] [--estimate_only] [--budget_minutes=90]
 
 Trains lab/study_model.py's narrow ResNet-10 through the real path:
@@ -16,6 +16,9 @@ pre-declared criteria (lab/study_verdict.py):
   a  distributed BN (Ying et al. 2018 §3.1): BN over 4 images per replica
      on 8 replicas against a BN group of 32 images, moving and recomputed
      statistics;
+  lr the LR rule of each optimizer, chosen once at the smallest batch
+     (the papers' peak LR times 0.5, 1 or 2); b, c, baseline and crop
+     run it first and train with its choice;
   b  large batches (Goyal 2017; Ying 2018 §3; Akiba 2017): the ends of a
      32x span of batches at equal epochs for momentum SGD, LARS and RMSprop
      warm-up, then label smoothing off for the best at the largest batch;
@@ -51,15 +54,16 @@ from lab import study_runner
 from lab import study_verdict
 
 FLAGS = flags.FLAGS
-STUDIES = ("a", "b", "c", "baseline", "crop")
+STUDIES = ("a", "lr", "b", "c", "baseline", "crop")
 MAX_HALVINGS = 4
 PATH_FLAGS = ("--work_dir", "--cache_dir", "--output_dir", "--image_dir",
               "--fashion_mnist_dir")
 
 
 def define_flags() -> None:
-  flags.DEFINE_list("studies", list(STUDIES), "Studies to run: a, b, c, "
-                    "baseline, crop.")
+  flags.DEFINE_list("studies", list(STUDIES), "Studies to run: a, lr, b, "
+                    "c, baseline, crop (b, c, baseline and crop run lr "
+                    "first: it chooses their LR rules).")
   flags.DEFINE_float("budget_minutes", 90.0, "Halve the images until the "
                      "estimate fits (not with --full or --smoke).")
   flags.DEFINE_bool("smoke", False, "A few steps per point on a few hundred "
@@ -97,27 +101,41 @@ def run_studies(names: list[str], scale: study_plan.Scale,
   if "a" in names:
     written += runner.study("a", plan.bn_runs(base, scale),
                             plan.bn_criteria(scale))
+  lr_scales = None
+  if any(name in plan.NEEDS_LR for name in names):
+    lr_runs = plan.lr_runs(base, scale)
+    lr_scales = plan.chosen_lr_scales(runner.execute_all(lr_runs))
+    logging.info("LR rules chosen at batch %d: %s", min(scale.batches),
+                 lr_scales)
+    written += runner.study("lr", lr_runs, [],
+                            extra={"chosen_lr_scales": lr_scales})
   if "b" in names:
-    main_runs = plan.large_batch_runs(base, scale)
+    main_runs = plan.large_batch_runs(base, scale, lr_scales)
     best = runner.best_optimizer(runner.execute_all(main_runs),
                                  max(scale.batches))
     logging.info("Best optimizer at batch %d: %s; now without label "
                  "smoothing", max(scale.batches), best)
     written += runner.study(
-        "b", main_runs + plan.label_smoothing_runs(base, scale, best),
+        "b", main_runs + plan.label_smoothing_runs(base, scale, best,
+                                                   lr_scales),
         plan.large_batch_criteria(scale, best),
-        extra={"best_optimizer": best})
+        extra={"best_optimizer": best, "chosen_lr_scales": lr_scales})
   if "c" in names:
-    written += runner.study("c", plan.batch_control_runs(base, scale),
-                            plan.batch_control_criteria())
+    written += runner.study("c", plan.batch_control_runs(base, scale,
+                                                         lr_scales),
+                            plan.batch_control_criteria(),
+                            extra={"chosen_lr_scales": lr_scales})
   if "baseline" in names:
-    written += runner.study("baseline", plan.baseline_runs(base, scale), [
+    written += runner.study("baseline", plan.baseline_runs(base, scale,
+                                                           lr_scales), [
         study_verdict.Criterion(
             "the project's path beats stock Keras",
-            (("path", "stock_keras"),), (("path", "project"),))])
+            (("path", "stock_keras"),), (("path", "project"),))],
+        extra={"chosen_lr_scales": lr_scales})
   if "crop" in names:
-    written += runner.study("crop", plan.crop_runs(base, scale),
-                            plan.crop_criteria())
+    written += runner.study("crop", plan.crop_runs(base, scale, lr_scales),
+                            plan.crop_criteria(),
+                            extra={"chosen_lr_scales": lr_scales})
   return written
 
 

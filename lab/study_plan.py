@@ -7,8 +7,11 @@ least MIN_STEPS optimizer steps at the largest batch of every comparison
 steps); seeds paired across points; a warm-up of WARMUP_FRACTION of each
 run; the criteria below, in lab/study_verdict.py's terms.
 
-LR rules, one per optimizer, stated once here and never tuned per point
-(their values at the smallest batch are the papers' own, not swept):
+LR rules, one per optimizer, never tuned per point. Each starts from the
+papers' values below and is chosen once on the smallest batch (study lr):
+its peak LR times each of LR_SCALES at that batch, first seed, label
+smoothing 0.1; the scale of the highest test top-1 is kept for every
+batch and study (a tie keeps the papers' value, 1.0). The papers' values:
   momentum (Goyal et al. 2017 §2.1): 0.1 per 256 images, linear scaling,
     cosine decay after the warm-up.
   lars (Ying et al. 2018 §3; You et al. 2017): tensorflow/tpu's absolute
@@ -19,7 +22,7 @@ LR rules, one per optimizer, stated once here and never tuned per point
     90), cosine decay: their slow start's boundaries are absolute epochs
     (40, 70, 85 of 90) that a run of a few epochs never reaches.
 
-Studies: a (Ying §3.1) BN batch 4 per replica on 8 replicas against a BN
+Studies: lr (above); a (Ying §3.1) BN batch 4 per replica on 8 replicas against a BN
 group of 8 replicas (BN batch 32); b (Goyal; Ying §3; Akiba) the two ends
 of a 32x span of batches at equal epochs, then label smoothing off for the
 best optimizer at the largest batch; c (Mikami et al. 2018) a growing
@@ -41,6 +44,8 @@ WARMUP_FRACTION = 0.15
 SMALL_IMAGE_CROP = 0.35
 IMAGENET_CROP = 0.08
 KEEPS_ACCURACY_POINTS = 1.0  # b: "keeps small-batch accuracy" margin
+LR_SCALES = (0.5, 1.0, 2.0)  # study lr: times each rule's peak LR
+NEEDS_LR = ("lr", "b", "c", "baseline", "crop")  # lr runs before these
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,18 +115,20 @@ class Run:
     return ", ".join(f"{k}={v}" for k, v in self.point)
 
 
-def optimizer_rule(optimizer: str, epochs: float) -> dict:
-  """The LR fields of `optimizer`'s one rule over a run of `epochs`."""
+def optimizer_rule(optimizer: str, epochs: float,
+                   lr_scale: float = 1.0) -> dict:
+  """The LR fields of `optimizer`'s rule over a run of `epochs`, its peak
+  LR times `lr_scale` (RMSprop warm-up: the momentum phase's)."""
   warmup = WARMUP_FRACTION * epochs
   if optimizer == "momentum":
-    return dict(optimizer="momentum", base_learning_rate=0.1,
+    return dict(optimizer="momentum", base_learning_rate=0.1 * lr_scale,
                 lr_schedule="cosine", warmup_epochs=warmup)
   if optimizer == "lars":
     return dict(optimizer="lars", learning_rate_scaling="none",
-                base_learning_rate=10.0, lr_schedule="polynomial",
+                base_learning_rate=10.0 * lr_scale, lr_schedule="polynomial",
                 lr_decay_power=2.0, end_learning_rate=1e-4,
                 warmup_epochs=warmup)
-  return dict(optimizer="rmsprop_warmup", base_learning_rate=0.1,
+  return dict(optimizer="rmsprop_warmup", base_learning_rate=0.1 * lr_scale,
               lr_schedule="cosine", warmup_epochs=warmup,
               rmsprop_learning_rate=3e-4,
               rmsprop_warmup_center_epochs=epochs / 9,
@@ -158,11 +165,13 @@ def bn_runs(base: TrainConfig, scale: Scale) -> list[Run]:
 
 def baselines(name: str, scale: Scale) -> list[tuple]:
   """The points whose convergence each study checks: the ungrouped BN
-  (a), each optimizer's smallest batch (b), the small batch (c), both
-  paths (baseline) and both crops."""
+  (a), the papers' LR rules (lr), each optimizer's smallest batch (b), the
+  small batch (c), both paths (baseline) and both crops."""
   if name == "a":
     return [(("bn_group_size", min(scale.bn_groups)),
              ("bn_stats", "moving_average"))]
+  if name == "lr":
+    return [(("optimizer", opt), ("lr_scale", 1.0)) for opt in OPTIMIZERS]
   if name == "b":
     return [(("optimizer", opt), ("global_batch", min(scale.batches)),
              ("label_smoothing", 0.1)) for opt in OPTIMIZERS]
@@ -186,10 +195,39 @@ def bn_criteria(scale: Scale) -> list[Criterion]:
                         point(high, "recompute"))]
 
 
+def lr_scale(lr_scales: dict[str, float] | None, optimizer: str) -> float:
+  """The chosen scale of `optimizer`'s rule; 1.0 before study lr chose."""
+  return (lr_scales or {}).get(optimizer, 1.0)
+
+
+def lr_runs(base: TrainConfig, scale: Scale) -> list[Run]:
+  """lr: each optimizer's rule times each of LR_SCALES at the smallest
+  batch, first seed (its 1.0 runs are b's)."""
+  batch = min(scale.batches)
+  return [batch_run("lr", base, scale, opt, ((0.0, batch),), scale.seeds[0],
+                    (("optimizer", opt), ("lr_scale", factor)),
+                    lr_scale=factor)
+          for opt in OPTIMIZERS for factor in LR_SCALES]
+
+
+def chosen_lr_scales(records: list[dict]) -> dict[str, float]:
+  """Each optimizer's scale of the highest mean top-1 in study lr's
+  records; of equal ones, the nearest to the papers' value (1.0)."""
+  top1: dict[str, dict[float, list[float]]] = {}
+  for r in records:
+    point = dict(r["point"])
+    top1.setdefault(point["optimizer"], {}).setdefault(
+        point["lr_scale"], []).append(r["top1"])
+  return {opt: max(sorted(by, key=lambda f: abs(math.log(f))),
+                   key=lambda f: sum(by[f]) / len(by[f]))
+          for opt, by in top1.items()}
+
+
 def batch_run(study: str, base: TrainConfig, scale: Scale, optimizer: str,
               schedule: tuple[tuple[float, int], ...], seed: int,
               point: tuple, label_smoothing: float = 0.1,
-              train_steps: int = 0, crop: float = SMALL_IMAGE_CROP) -> Run:
+              train_steps: int = 0, crop: float = SMALL_IMAGE_CROP,
+              lr_scale: float = 1.0) -> Run:
   """One run of b, c, baseline or crop: `schedule` in fractions of a run."""
   epochs = scale.epochs
   micro = scale.micro_replicas * max(1, min(scale.batches)
@@ -201,27 +239,32 @@ def batch_run(study: str, base: TrainConfig, scale: Scale, optimizer: str,
       global_batch_size=min(micro, schedule[0][1]),
       batch_size_schedule=text, train_epochs=0.0 if train_steps else epochs,
       train_steps=train_steps, label_smoothing=label_smoothing, seed=seed,
-      train_crop_min_area=crop, **optimizer_rule(optimizer, epochs))
+      train_crop_min_area=crop,
+      **optimizer_rule(optimizer, epochs, lr_scale))
   return Run(study, point, seed, _evals(cfg))
 
 
-def large_batch_runs(base: TrainConfig, scale: Scale) -> list[Run]:
+def large_batch_runs(base: TrainConfig, scale: Scale,
+                     lr_scales: dict[str, float] | None = None) -> list[Run]:
   """b: each optimizer at each batch, equal epochs, label smoothing 0.1."""
   return [batch_run("b", base, scale, opt, ((0.0, batch),), seed,
                     (("optimizer", opt), ("global_batch", batch),
-                     ("label_smoothing", 0.1)))
+                     ("label_smoothing", 0.1)),
+                    lr_scale=lr_scale(lr_scales, opt))
           for opt in OPTIMIZERS for batch in scale.batches
           for seed in scale.seeds]
 
 
-def label_smoothing_runs(base: TrainConfig, scale: Scale,
-                         optimizer: str) -> list[Run]:
+def label_smoothing_runs(base: TrainConfig, scale: Scale, optimizer: str,
+                         lr_scales: dict[str, float] | None = None
+                         ) -> list[Run]:
   """b: the best optimizer at the largest batch without label smoothing
   (Ying et al. §5 and Mikami et al. use it at large batches)."""
   batch = max(scale.batches)
   return [batch_run("b", base, scale, optimizer, ((0.0, batch),), seed,
                     (("optimizer", optimizer), ("global_batch", batch),
-                     ("label_smoothing", 0.0)), label_smoothing=0.0)
+                     ("label_smoothing", 0.0)), label_smoothing=0.0,
+                    lr_scale=lr_scale(lr_scales, optimizer))
           for seed in scale.seeds]
 
 
@@ -239,18 +282,22 @@ def large_batch_criteria(scale: Scale, best: str) -> list[Criterion]:
                 point(best, high, 0.0), point(best, high))]
 
 
-def batch_control_runs(base: TrainConfig, scale: Scale) -> list[Run]:
+def batch_control_runs(base: TrainConfig, scale: Scale,
+                       lr_scales: dict[str, float] | None = None
+                       ) -> list[Run]:
   """c: growing; final batch at equal epochs and equal steps; small batch."""
   final, small = scale.growing[-1][1], scale.growing[0][1]
+  factor = lr_scale(lr_scales, "lars")
   growing = batch_run("c", base, scale, "lars", scale.growing, 0,
-                      (("schedule", "growing"),))
+                      (("schedule", "growing"),), lr_scale=factor)
   equal_steps = growing.cfg.run.total_train_steps
   points = ((scale.growing, "growing", 0), (((0.0, final),),
             "final batch, equal epochs", 0), (((0.0, final),),
             "final batch, equal steps", equal_steps),
             (((0.0, small),), "small batch (ceiling)", 0))
   return [batch_run("c", base, scale, "lars", schedule, seed,
-                    (("schedule", name),), train_steps=steps)
+                    (("schedule", name),), train_steps=steps,
+                    lr_scale=factor)
           for schedule, name, steps in points for seed in scale.seeds]
 
 
@@ -264,13 +311,14 @@ def batch_control_criteria() -> list[Criterion]:
                        "final batch, equal steps")]
 
 
-def baseline_runs(base: TrainConfig, scale: Scale) -> list[Run]:
+def baseline_runs(base: TrainConfig, scale: Scale,
+                  lr_scales: dict[str, float] | None = None) -> list[Run]:
   """The project's path against stock Keras model.fit, same budget:
   momentum at b's smallest batch (no accumulated micro-batches), its LR
   schedule and label smoothing. The project's BN sees the batch split over
   its replicas, stock Keras the whole batch on one device. When the steps
   are a multiple of 4, the project's run is b's (trained once)."""
-  batch = min(scale.batches)
+  batch, factor = min(scale.batches), lr_scale(lr_scales, "momentum")
   steps = batch_run("baseline", base, scale, "momentum", ((0.0, batch),),
                     0, ()).cfg.run.total_train_steps
   whole = steps % 4 == 0
@@ -279,18 +327,20 @@ def baseline_runs(base: TrainConfig, scale: Scale) -> list[Run]:
   for path in ("project", "stock_keras"):
     for seed in scale.seeds:
       run = batch_run("baseline", base, scale, "momentum", ((0.0, batch),),
-                      seed, (("path", path),),
+                      seed, (("path", path),), lr_scale=factor,
                       train_steps=0 if whole and path == "project" else steps)
       runs.append(dataclasses.replace(run, path=path))
   return runs
 
 
-def crop_runs(base: TrainConfig, scale: Scale) -> list[Run]:
+def crop_runs(base: TrainConfig, scale: Scale,
+              lr_scales: dict[str, float] | None = None) -> list[Run]:
   """Inception crop (min area 0.08) against SMALL_IMAGE_CROP, same budget:
   momentum at the smallest batch (SMALL_IMAGE_CROP's runs are b's)."""
-  batch = min(scale.batches)
+  batch, factor = min(scale.batches), lr_scale(lr_scales, "momentum")
   return [batch_run("crop", base, scale, "momentum", ((0.0, batch),), seed,
-                    (("train_crop_min_area", crop),), crop=crop)
+                    (("train_crop_min_area", crop),), crop=crop,
+                    lr_scale=factor)
           for crop in (IMAGENET_CROP, SMALL_IMAGE_CROP)
           for seed in scale.seeds]
 

@@ -28,6 +28,12 @@ TEXT = {
               "pooling them over a group of replicas (distributed BN) "
               "recovers it, at the cost of an all-reduce per BN layer.",
               "bn_group_size", True),
+    "lr": Text("lr_choice", "LR rules chosen once at the smallest batch",
+               "Each optimizer's rule (lab/study_plan.py: the papers' "
+               "values) is chosen once on the smallest batch, from its "
+               "peak LR times 0.5, 1 and 2, and then used unchanged at "
+               "every batch of b, c, the baseline and the crop study.",
+               "lr_scale", False),
     "b": Text("b_large_batch", "b. Top-1 against the global batch at equal "
               "epochs (Goyal 2017; Ying 2018 §3; Akiba 2017)",
               "Momentum SGD with linear scaling and warm-up keeps "
@@ -135,9 +141,18 @@ def markdown(study: dict) -> str:
   lines = [f"# {study['title']}", "", f"Claim: {study['claim']}", "",
            f"Command: `{study['command']}`  ", f"Machine: {study['machine']}"
            f"  ", f"Date: {study['date']}  ",
-           f"Wall time: {study['seconds'] / 60:.1f} min", "",
+           f"Wall time: {study['seconds'] / 60:.1f} min"
+           + (f" (calibration's estimate: "
+              f"{study['estimated_seconds'] / 60:.1f} min)"
+              if study.get("estimated_seconds") else ""), "",
            "Setting: " + study["setting"], "",
-           "Result, " + result(study["points"]), "",
+           "Result, " + result(study["points"]), ""]
+  if study.get("chosen_lr_scales"):
+    lines += ["LR rules chosen by study lr, as scales of the papers' "
+              "peak LR: " + ", ".join(
+                  f"{opt} x{factor:g}" for opt, factor in
+                  study["chosen_lr_scales"].items()), ""]
+  lines += [
            "| criterion | gap (points) | pooled seed spread | steps at "
            "largest batch | control converged | verdict |",
            "|---|---|---|---|---|---|"]

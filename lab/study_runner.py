@@ -116,14 +116,16 @@ class Runner:
     record.update(
         study=item.study, label=item.label, point=item.point, seed=item.seed,
         path=item.path, seconds=time.time() - start,
+        estimated_seconds=self.estimated_seconds(item),
         cpu_seconds=time.process_time() - cpu_start, largest_batch=largest,
         steps_at_largest_batch=steps_at_batch(cfg, largest),
         settings=study_report.settings(cfg), reused=False)
     self._done[key] = record
     logging.info("study %s, %s, seed %d: test top-1 %.4f over %d images, "
-                 "%.2f steps/s, %.0f s", item.study, item.label, item.seed,
-                 record["top1"], record["test_examples"],
-                 record["steps_per_sec"], record["seconds"])
+                 "%.2f steps/s, %.0f s (estimated %.0f s)", item.study,
+                 item.label, item.seed, record["top1"],
+                 record["test_examples"], record["steps_per_sec"],
+                 record["seconds"], record["estimated_seconds"])
     return record
 
   def _project_record(self, model_dir: str) -> dict:
@@ -160,6 +162,8 @@ class Runner:
         command=self.command, machine=machine(),
         date=datetime.date.today().isoformat(),
         seconds=sum(r["seconds"] for r in records if not r["reused"]),
+        estimated_seconds=sum(r["estimated_seconds"] for r in records
+                              if not r["reused"]),
         setting=study_report.setting(name, self.scale, self.data.name,
                                      self.data.num_test),
         network=study_model.NAME, scale=dataclasses.asdict(self.scale),
@@ -182,10 +186,14 @@ class Runner:
     return max(at_batch, key=lambda k: statistics.fmean(at_batch[k]))
 
   def plan(self, names: list[str]) -> list[study_plan.Run]:
-    """Every run the studies will train (b's last runs assume LARS)."""
+    """Every run the studies will train (b's last runs assume LARS, and
+    b, c, baseline and crop the papers' LR rules: lr's choice only moves
+    the LR, not the cost)."""
     base, scale, runs = self.base, self.scale, []
     if "a" in names:
       runs += study_plan.bn_runs(base, scale)
+    if any(name in study_plan.NEEDS_LR for name in names):
+      runs += study_plan.lr_runs(base, scale)
     if "b" in names:
       runs += study_plan.large_batch_runs(base, scale)
       runs += study_plan.label_smoothing_runs(base, scale, "lars")
@@ -223,19 +231,24 @@ class Runner:
                    "wall s, %.0f s an evaluation", kind, *costs[kind])
     wall = cpu = 0.0
     by_study: dict[str, float] = {}
-    slowest_eval = max(c[3] for c in costs.values())
     for r in plan:
-      step, fixed, cpu_per_wall, eval_s = costs[kind_of(r)]
-      if r.path == "stock_keras":
-        eval_s = slowest_eval
-      seconds = (step * micro_steps(r.cfg) + fixed +
-                 (evaluations(r) - 1) * eval_s)
-      wall, cpu = wall + seconds, cpu + seconds * cpu_per_wall
+      seconds = self.estimated_seconds(r)
+      wall, cpu = wall + seconds, cpu + seconds * costs[kind_of(r)][2]
       by_study[r.study] = by_study.get(r.study, 0.0) + seconds
     logging.info("Estimated minutes by study (a run shared by two counts "
                  "in the first): %s", ", ".join(
                      f"{k} {v / 60:.0f}" for k, v in by_study.items()))
     return wall, cpu
+
+  def estimated_seconds(self, item: study_plan.Run) -> float:
+    """Wall seconds of `item` by its kind's calibration (0 if none)."""
+    if kind_of(item) not in self._costs:
+      return 0.0
+    step, fixed, _, eval_s = self._costs[kind_of(item)]
+    if item.path == "stock_keras":
+      eval_s = max(c[3] for c in self._costs.values())
+    return (step * micro_steps(item.cfg) + fixed +
+            (evaluations(item) - 1) * eval_s)
 
   def rescale(self, scale: study_plan.Scale) -> None:
     """Plans at `scale` from now on (its images, same data folder)."""

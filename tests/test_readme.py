@@ -96,7 +96,8 @@ def test_quickstart_targets_exist():
 
 # lab/study.py's studies: the three papers' claims, the stock-Keras baseline
 # and the small-image crop.
-STUDY_FILES = ("a_distributed_bn", "b_large_batch", "c_batch_size_control",
+STUDY_FILES = ("a_distributed_bn", "lr_choice", "b_large_batch",
+               "c_batch_size_control",
                "baseline_stock_keras", "crop_small_images")
 
 

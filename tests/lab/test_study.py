@@ -22,8 +22,9 @@ from lab import study_verdict as sv
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
-STUDIES = ("a_distributed_bn", "b_large_batch", "c_batch_size_control",
-           "baseline_stock_keras", "crop_small_images")
+STUDIES = ("a_distributed_bn", "lr_choice", "b_large_batch",
+           "c_batch_size_control", "baseline_stock_keras",
+           "crop_small_images")
 NUM_TEST = 100  # the smoke scale's test images (study_plan.SMOKE)
 BETTER = sv.Criterion("b beats a", (("x", "a"),), (("x", "b"),))
 SAME = sv.Criterion("b keeps a", (("x", "a"),), (("x", "b"),), sv.WITHIN,
@@ -131,13 +132,31 @@ def test_every_run_is_recorded_with_its_config_and_every_test_image(smoke,
                                                                     name):
   with open(smoke / "out" / (name + ".json")) as f:
     study = json.load(f)
-  assert study["runs"] and study["points"] and study["verdicts"]
-  assert study["criteria"] and study["baseline_convergence"]
+  assert study["runs"] and study["points"] and study["baseline_convergence"]
+  # lr chooses; the others decide their pre-declared criteria.
+  assert name == "lr_choice" or (study["verdicts"] and study["criteria"])
   for run in study["runs"]:
     assert run["test_examples"] == NUM_TEST
+    assert "estimated_seconds" in run
     assert run["settings"]["num_eval_images"] == NUM_TEST
     assert "model_dir" not in run["settings"]
   assert "Fashion-MNIST" in study["setting"]
+
+
+def test_b_c_baseline_and_crop_train_with_lr_s_choice(smoke):
+  from lab import study_plan
+  with open(smoke / "out" / "lr_choice.json") as f:
+    chosen = json.load(f)["chosen_lr_scales"]
+  assert set(chosen) == set(study_plan.OPTIMIZERS)
+  for name in STUDIES[2:]:
+    with open(smoke / "out" / (name + ".json")) as f:
+      study = json.load(f)
+    assert study["chosen_lr_scales"] == chosen, name
+    for run in study["runs"]:
+      optimizer = run["settings"]["optimizer"]
+      papers = study_plan.optimizer_rule(optimizer, 1.0)
+      assert run["settings"]["base_learning_rate"] == pytest.approx(
+          chosen[optimizer] * papers["base_learning_rate"]), name
 
 
 def test_the_smoke_reads_jpegs_built_from_the_idx_files(smoke):
@@ -176,6 +195,62 @@ def test_the_estimate_prices_each_evaluation_after_the_calibrated_one(
   assert stock and len(stock) < len(plan)
   # Project runs: one more evaluation than the calibration's; stock: three.
   assert wall == 10.0 * ((len(plan) - len(stock)) * 1 + len(stock) * 3)
+  # Each run's record carries its own share (estimated against measured).
+  assert sum(runner.estimated_seconds(r) for r in plan) == wall
+
+
+def _lr_record(optimizer, factor, top1, seed=0):
+  return {"point": (("optimizer", optimizer), ("lr_scale", factor)),
+          "seed": seed, "top1": top1}
+
+
+def test_the_lr_choice_keeps_the_best_scale_and_a_tie_the_papers_value():
+  from lab import study_plan
+  records = [_lr_record("momentum", 0.5, 0.70), _lr_record("momentum", 1.0,
+                                                           0.71),
+             _lr_record("momentum", 2.0, 0.74),
+             _lr_record("lars", 0.5, 0.72), _lr_record("lars", 1.0, 0.72),
+             _lr_record("lars", 2.0, 0.60),
+             _lr_record("rmsprop_warmup", 0.5, 0.65),
+             _lr_record("rmsprop_warmup", 0.5, 0.63, seed=1),
+             _lr_record("rmsprop_warmup", 1.0, 0.62)]
+  assert study_plan.chosen_lr_scales(records) == {
+      "momentum": 2.0, "lars": 1.0, "rmsprop_warmup": 0.5}
+
+
+def test_the_chosen_lr_reaches_every_run_of_b_c_baseline_and_crop():
+  from lab import study_plan
+  from resnet_tpu.config import TrainConfig
+  scale = study_plan.DEFAULT
+  base = TrainConfig.from_flat("", num_train_images=scale.num_train,
+                               label_smoothing=0.1)
+  chosen = {"momentum": 2.0, "lars": 0.5, "rmsprop_warmup": 1.0}
+  runs = (study_plan.large_batch_runs(base, scale, chosen)
+          + study_plan.label_smoothing_runs(base, scale, "lars", chosen)
+          + study_plan.batch_control_runs(base, scale, chosen)
+          + study_plan.baseline_runs(base, scale, chosen)
+          + study_plan.crop_runs(base, scale, chosen))
+  papers = {opt: study_plan.optimizer_rule(opt, 1.0)["base_learning_rate"]
+            for opt in study_plan.OPTIMIZERS}
+  for run in runs:
+    optimizer = run.cfg.optim.optimizer
+    assert run.cfg.optim.base_learning_rate == pytest.approx(
+        chosen[optimizer] * papers[optimizer]), (run.study, run.label)
+  assert {r.cfg.optim.optimizer for r in runs} == set(chosen)
+
+
+def test_lr_trains_the_papers_values_once_with_b():
+  from lab import study_plan
+  from lab import study_runner
+  scale = study_plan.DEFAULT
+  data = study_data.StudyData("", scale.num_train, scale.num_test, 10,
+                              "made up")
+  runner = study_runner.Runner(data, scale, "", "", "cpu", "")
+  lr = runner.plan(["lr"])
+  b = study_plan.large_batch_runs(runner.base, scale)
+  assert len(lr) == len(study_plan.OPTIMIZERS) * len(study_plan.LR_SCALES)
+  shared = {runner._key(r) for r in lr} & {runner._key(r) for r in b}
+  assert len(shared) == len(study_plan.OPTIMIZERS)  # the 1.0 runs, seed 0
 
 
 def test_a_smaller_scale_keeps_every_run_s_steps():
@@ -186,6 +261,7 @@ def test_a_smaller_scale_keeps_every_run_s_steps():
   def steps(scale):
     sized = base.replace(num_train_images=scale.num_train)
     plan = (study_plan.bn_runs(sized, scale)
+            + study_plan.lr_runs(sized, scale)
             + study_plan.large_batch_runs(sized, scale)
             + study_plan.batch_control_runs(sized, scale)
             + study_plan.baseline_runs(sized, scale)
