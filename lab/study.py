@@ -1,6 +1,6 @@
 r"""The papers' central claims, each testable either way, on real photos.
 
-  python -m lab.study [--studies=a,lr,b,c,baseline,crop] [--smoke|--full] \
+  python -m lab.study [--studies=lr,a,b,c,baseline,crop] [--smoke|--full] \
       [--image_dir=D] [--estimate_only] [--budget_minutes=90]
 
 Trains lab/study_model.py's narrow ResNet-10 through the real path:
@@ -13,12 +13,12 @@ train/<class>/ + validation/<class>/ (or test/<class>/) image set instead.
 lab/study_plan.py defines the studies, their LR rules and their
 pre-declared criteria (lab/study_verdict.py):
 
-  a  distributed BN (Ying et al. 2018 §3.1): BN over 4 images per replica
-     on 8 replicas against a BN group of 32 images, moving and recomputed
-     statistics;
   lr the LR rule of each optimizer, chosen once at the smallest batch
-     (the papers' peak LR times 0.5, 1 or 2); b, c, baseline and crop
-     run it first and train with its choice;
+     (the papers' peak LR times 0.5, 1 or 2); every other study runs it
+     first and trains with its choice;
+  a  distributed BN (Ying et al. 2018 §3.1): BN over 4 images per replica
+     on 8 replicas against a BN group of 32 images, each run's final
+     weights evaluated with moving and with recomputed statistics;
   b  large batches (Goyal 2017; Ying 2018 §3; Akiba 2017): the ends of a
      32x span of batches at equal epochs for momentum SGD, LARS and RMSprop
      warm-up, then label smoothing off for the best at the largest batch;
@@ -54,16 +54,16 @@ from lab import study_runner
 from lab import study_verdict
 
 FLAGS = flags.FLAGS
-STUDIES = ("a", "lr", "b", "c", "baseline", "crop")
+STUDIES = ("lr", "a", "b", "c", "baseline", "crop")
 MAX_HALVINGS = 4
 PATH_FLAGS = ("--work_dir", "--cache_dir", "--output_dir", "--image_dir",
               "--fashion_mnist_dir")
 
 
 def define_flags() -> None:
-  flags.DEFINE_list("studies", list(STUDIES), "Studies to run: a, lr, b, "
-                    "c, baseline, crop (b, c, baseline and crop run lr "
-                    "first: it chooses their LR rules).")
+  flags.DEFINE_list("studies", list(STUDIES), "Studies to run: lr, a, b, "
+                    "c, baseline, crop (each runs lr first: it chooses "
+                    "their LR rules).")
   flags.DEFINE_float("budget_minutes", 90.0, "Halve the images until the "
                      "estimate fits (not with --full or --smoke).")
   flags.DEFINE_bool("smoke", False, "A few steps per point on a few hundred "
@@ -98,9 +98,6 @@ def run_studies(names: list[str], scale: study_plan.Scale,
                 runner: "study_runner.Runner") -> list[str]:
   """Runs the named studies in order; returns the files written."""
   written, base, plan = [], runner.base, study_plan
-  if "a" in names:
-    written += runner.study("a", plan.bn_runs(base, scale),
-                            plan.bn_criteria(scale))
   lr_scales = None
   if any(name in plan.NEEDS_LR for name in names):
     lr_runs = plan.lr_runs(base, scale)
@@ -108,6 +105,10 @@ def run_studies(names: list[str], scale: study_plan.Scale,
     logging.info("LR rules chosen at batch %d: %s", min(scale.batches),
                  lr_scales)
     written += runner.study("lr", lr_runs, [],
+                            extra={"chosen_lr_scales": lr_scales})
+  if "a" in names:
+    written += runner.study("a", plan.bn_runs(base, scale, lr_scales),
+                            plan.bn_criteria(scale),
                             extra={"chosen_lr_scales": lr_scales})
   if "b" in names:
     main_runs = plan.large_batch_runs(base, scale, lr_scales)
@@ -213,6 +214,7 @@ def main(argv: list[str]) -> None:
     if fitted.num_train != scale.num_train:
       scale, runner = make_runner(fitted, load_data(fitted))
   written = run_studies(names, scale, runner)
+  runner.discard_checkpoints()
   gc.collect()
   shutil.rmtree(os.path.join(FLAGS.work_dir, "calibration"),
                 ignore_errors=True)

@@ -22,14 +22,15 @@ batch and study (a tie keeps the papers' value, 1.0). The papers' values:
     90), cosine decay: their slow start's boundaries are absolute epochs
     (40, 70, 85 of 90) that a run of a few epochs never reaches.
 
-Studies: lr (above); a (Ying §3.1) BN batch 4 per replica on 8 replicas against a BN
-group of 8 replicas (BN batch 32); b (Goyal; Ying §3; Akiba) the two ends
-of a 32x span of batches at equal epochs, then label smoothing off for the
-best optimizer at the largest batch; c (Mikami et al. 2018) a growing
-batch against the final batch at equal epochs and at equal steps, and the
-small batch as a ceiling; baseline: the same network in stock Keras
-model.fit beside the project's path; crop: the Inception crop (min area
-0.08) against a larger minimum area for small images.
+Studies: lr (above); a (Ying §3.1) BN batch 4 per replica on 8 replicas
+against a BN group of 8 replicas (BN batch 32), each run's final weights
+evaluated with moving and with recomputed statistics; b (Goyal; Ying §3;
+Akiba) the two ends of a 32x span of batches at equal epochs, then label
+smoothing off for the best optimizer at the largest batch; c (Mikami et
+al. 2018) a growing batch against the final batch at equal epochs and at
+equal steps, and the small batch as a ceiling; baseline: the same network
+in stock Keras model.fit beside the project's path; crop: the Inception
+crop (min area 0.08) against a larger minimum area for small images.
 """
 import dataclasses
 import math
@@ -45,7 +46,7 @@ SMALL_IMAGE_CROP = 0.35
 IMAGENET_CROP = 0.08
 KEEPS_ACCURACY_POINTS = 1.0  # b: "keeps small-batch accuracy" margin
 LR_SCALES = (0.5, 1.0, 2.0)  # study lr: times each rule's peak LR
-NEEDS_LR = ("lr", "b", "c", "baseline", "crop")  # lr runs before these
+NEEDS_LR = ("lr", "a", "b", "c", "baseline", "crop")  # lr runs first
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +109,9 @@ class Run:
   point: tuple[tuple[str, object], ...]  # e.g. (("bn_group_size", 4),)
   seed: int
   cfg: TrainConfig
-  path: str = "project"  # or "stock_keras" (lab/study_baseline.py)
+  # "project"; "stock_keras" (lab/study_baseline.py); or "recomputed":
+  # the previous run's final weights evaluated with recomputed statistics.
+  path: str = "project"
 
   @property
   def label(self) -> str:
@@ -143,23 +146,30 @@ def _evals(cfg: TrainConfig) -> TrainConfig:
       eval_every_steps=max(1, math.ceil(0.75 * cfg.run.total_train_steps)))
 
 
-def bn_runs(base: TrainConfig, scale: Scale) -> list[Run]:
-  """a: each BN group, moving and recomputed statistics at the ends."""
+def bn_runs(base: TrainConfig, scale: Scale,
+            lr_scales: dict[str, float] | None = None) -> list[Run]:
+  """a: each BN group and seed trained with moving statistics, then (the
+  smallest and largest group) the same final weights evaluated with
+  statistics recomputed from training batches (Akiba et al.): the pair
+  separates what BN's batch does to training from moving-average noise.
+  Momentum with study lr's rule."""
   batch = scale.bn_replicas * scale.bn_per_replica
   ends = (min(scale.bn_groups), max(scale.bn_groups))
   runs = []
   for group in scale.bn_groups:
-    for stats in ("moving_average", "recompute"):
-      if stats == "recompute" and group not in ends:
-        continue
-      for seed in scale.seeds:
-        cfg = base.replace(
-            num_cpu_replicas=scale.bn_replicas, bn_group_size=group,
-            global_batch_size=batch, train_epochs=scale.bn_epochs,
-            bn_stats=stats, seed=seed,
-            **optimizer_rule("momentum", scale.bn_epochs))
+    for seed in scale.seeds:
+      cfg = _evals(base.replace(
+          num_cpu_replicas=scale.bn_replicas, bn_group_size=group,
+          global_batch_size=batch, train_epochs=scale.bn_epochs,
+          bn_stats="moving_average", seed=seed,
+          **optimizer_rule("momentum", scale.bn_epochs,
+                           lr_scale(lr_scales, "momentum"))))
+      runs.append(Run("a", (("bn_group_size", group),
+                            ("bn_stats", "moving_average")), seed, cfg))
+      if group in ends:
         runs.append(Run("a", (("bn_group_size", group),
-                              ("bn_stats", stats)), seed, _evals(cfg)))
+                              ("bn_stats", "recompute")), seed,
+                        cfg.replace(bn_stats="recompute"), "recomputed"))
   return runs
 
 

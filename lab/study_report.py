@@ -71,7 +71,8 @@ def setting(name: str, scale, source: str, num_test: int) -> str:
   if name == "a":
     return (f"{scale.bn_replicas} CPU replicas x {scale.bn_per_replica} "
             f"images, {scale.bn_epochs:g} epochs, momentum SGD, label "
-            f"smoothing 0.1. " + shared)
+            f"smoothing 0.1; recomputed statistics are those of the same "
+            f"run's final weights. " + shared)
   replicas = (f"{scale.micro_replicas} CPU replicas" if scale.micro_replicas
               > 1 else "one CPU replica")
   return (f"{replicas}; batches above the "

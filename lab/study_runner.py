@@ -7,8 +7,10 @@ Runs share one process, one after another: each gets its own model_dir and
 a fresh MirroredStrategy, whose collective keys are shifted first (as
 tests/conftest.py does) so that two strategies never share an instance.
 A run whose config equals an earlier one (study c's fixed batch is study
-b's LARS run at that batch) is not trained twice. After a run only its
-metrics.jsonl and config.json are kept.
+b's LARS run at that batch) is not trained twice. A "recomputed" run
+(study a) evaluates the previous run's final checkpoint again with
+--bn_stats=recompute: run() on a finished model_dir only evaluates. Only
+metrics.jsonl and config.json are kept, the checkpoints until the next run.
 """
 import dataclasses
 import datetime
@@ -85,6 +87,7 @@ class Runner:
     self._done: dict[str, dict] = {}
     self._costs: dict[str, tuple[float, float, float, float]] = {}
     self._count = 0
+    self._kept = ("", "")  # (key, model_dir) of the last checkpoints kept
 
   def _key(self, item: study_plan.Run) -> str:
     return json.dumps([item.path, study_report.settings(item.cfg)],
@@ -97,10 +100,14 @@ class Runner:
       done = self._done[key]
       return dict(done, study=item.study, label=item.label,
                   point=item.point, reused=done["study"] != item.study)
-    self._count += 1
-    model_dir = os.path.join(self.work_dir, folder or item.study,
-                             f"{self._count:03d}")
-    shutil.rmtree(model_dir, ignore_errors=True)
+    if item.path == "recomputed":
+      model_dir = self._trained_dir(item)
+    else:
+      self.discard_checkpoints()
+      self._count += 1
+      model_dir = os.path.join(self.work_dir, folder or item.study,
+                               f"{self._count:03d}")
+      shutil.rmtree(model_dir, ignore_errors=True)
     cfg = item.cfg.replace(model_dir=model_dir)
     start, cpu_start = time.time(), time.process_time()
     if item.path == "stock_keras":
@@ -110,6 +117,9 @@ class Runner:
       compat.shift_collective_keys(tf.distribute.MirroredStrategy, 100000)
       run(cfg, model_fn=study_model.narrow_resnet)
       record = self._project_record(model_dir)
+      self._kept = (key, model_dir)
+      if item.path == "recomputed":
+        self.discard_checkpoints()
     keras.backend.clear_session()
     gc.collect()
     largest = max(b for _, b in cfg.run.clock.batch_size_schedule)
@@ -128,14 +138,31 @@ class Runner:
                  record["seconds"], record["estimated_seconds"])
     return record
 
+  def _trained_dir(self, item: study_plan.Run) -> str:
+    """The model_dir of the run `item` evaluates again: the last one,
+    trained with `item`'s config but moving statistics."""
+    trained = dataclasses.replace(
+        item, path="project", cfg=item.cfg.replace(
+            bn_stats="moving_average"))
+    key, model_dir = self._kept
+    if key != self._key(trained):
+      raise ValueError(f"{item.study}, {item.label}: a recomputed run "
+                       "must follow the run it evaluates again.")
+    return model_dir
+
+  def discard_checkpoints(self) -> None:
+    """Removes the checkpoints kept for a recomputed run."""
+    _, model_dir = self._kept
+    for name in os.listdir(model_dir) if model_dir else []:
+      if name.startswith(("ckpt", "checkpoint")):
+        os.remove(os.path.join(model_dir, name))
+    self._kept = ("", "")
+
   def _project_record(self, model_dir: str) -> dict:
     """The run's final eval, its quarter evals and training losses."""
     records = read_metrics(model_dir)
     train = [r for r in records if r["split"] == "train"]
     evals = [r for r in records if r["split"] == "eval"]
-    for name in os.listdir(model_dir):
-      if name.startswith(("ckpt", "checkpoint")):
-        os.remove(os.path.join(model_dir, name))
     final = evals[-1]
     return {"top1": final["top1"], "top5": final["top5"],
             "eval_seconds": final["examples"] / final["images_per_sec"],
@@ -221,9 +248,10 @@ class Runner:
     eval seconds (stock Keras: the slowest project kind's).
     """
     costs = self._costs
-    for kind in sorted({kind_of(r) for r in plan} - set(costs)):
+    trained = [r for r in plan if r.path != "recomputed"]
+    for kind in sorted({kind_of(r) for r in trained} - set(costs)):
       # The largest BN group of a kind costs the most.
-      example = max((r for r in plan if kind_of(r) == kind),
+      example = max((r for r in trained if kind_of(r) == kind),
                     key=lambda r: r.cfg.model.bn_group_size)
       costs[kind] = self._calibrate(example)
       logging.info("Calibration of %s: %.3f s a micro-step, %.0f s fixed "
@@ -245,6 +273,8 @@ class Runner:
     if kind_of(item) not in self._costs:
       return 0.0
     step, fixed, _, eval_s = self._costs[kind_of(item)]
+    if item.path == "recomputed":  # start-up and one evaluation
+      return fixed
     if item.path == "stock_keras":
       eval_s = max(c[3] for c in self._costs.values())
     return (step * micro_steps(item.cfg) + fixed +

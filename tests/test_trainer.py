@@ -156,6 +156,52 @@ def test_resume_continues_from_saved_step_with_identical_weights(tmp_path):
   assert sorted(os.listdir(tmp_path)).count("checkpoint") == 1
 
 
+def _eval_fn(images, labels, global_batch):
+  def dataset_fn(ctx):
+    batch = ctx.get_per_replica_batch_size(global_batch)
+    mask = np.ones(len(images), np.float32)
+    return tf.data.Dataset.from_tensor_slices(
+        (images, labels, mask)).batch(batch)
+  return dataset_fn
+
+
+def test_a_finished_run_run_again_evaluates_its_final_weights_only(
+    tmp_path):
+  images, labels = _examples(32)
+  train_fn, eval_fn = (_train_fn(images, labels, 16),
+                       _eval_fn(images, labels, 16))
+  cfg = _config(tmp_path, train_steps=2, steps_per_loop=1,
+                bn_recompute_batches=2)
+  first = _trainer(cfg, cpu_strategy(2))
+  moving = first.fit(train_fn, eval_fn, eval_steps=2)
+  again = _trainer(cfg, cpu_strategy(2))
+  measured = ("step", "split", "loss", "top1", "top5", "examples")
+  repeated = again.fit(train_fn, eval_fn, eval_steps=2)
+  assert [repeated[k] for k in measured] == [moving[k] for k in measured]
+  recomputed = _trainer(cfg.replace(bn_stats="recompute"), cpu_strategy(2))
+  result = recomputed.fit(train_fn, eval_fn, eval_steps=2)
+  assert recomputed.step == again.step == 2  # nothing trained
+  for a, b in zip(first.model.trainable_variables,
+                  recomputed.model.trainable_variables):
+    np.testing.assert_array_equal(a.numpy(), b.numpy())
+  # Its statistics are the final weights' over the next 2 training batches
+  # (the input is at batch 2 of a 2-batch repeat: batches 0 and 1).
+  from resnet_tpu.model.bn_recompute import BNStatisticsRecomputer
+  BNStatisticsRecomputer(first.model, first.strategy).recompute(
+      iter(first.strategy.distribute_datasets_from_function(train_fn)), 2)
+  bn = [v for v in first.model.non_trainable_variables
+        if "moving" in v.name]
+  assert bn
+  for a, b in zip(bn, [v for v in recomputed.model.non_trainable_variables
+                       if "moving" in v.name]):
+    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
+  assert result["loss"] != moving["loss"]
+  with open(tmp_path / "metrics.jsonl") as f:
+    evals = [json.loads(line) for line in f if '"eval"' in line]
+  assert [(r["step"], r["loss"]) for r in evals] == [
+      (2, moving["loss"]), (2, moving["loss"]), (2, result["loss"])]
+
+
 def test_metrics_log_has_train_and_eval_lines_counting_every_example(
     tmp_path):
   images, labels = _examples(32)

@@ -157,7 +157,8 @@ class Trainer:
     many batches of `train_dataset_fn`. `faults` names the training files
     behind unusable and lost records (shard_audit.py) per host loop. Returns
     the last eval record (or the last train record when there is no eval
-    set).
+    set). A run restored at its last step only evaluates, once
+    (_evaluate_finished).
 
     Raises preemption.Preempted after checkpointing when any worker got
     SIGTERM, preemption.WorkerLost when a peer worker failed, and
@@ -214,6 +215,8 @@ class Trainer:
     ckpt_every = cfg.run.checkpoint_every_steps or eval_every
     last = {}
     step = start_step = self.step
+    if step >= total and evaluate is not None:
+      return self._evaluate_finished(train_iter, evaluate)
     phase_starts = self.clock.phase_start_steps()
     self.save_timer.restart()
     while step < total:
@@ -249,6 +252,20 @@ class Trainer:
             "the same command again to resume; exit code "
             f"{preemption.PREEMPTED_EXIT_CODE}.")
     return last
+
+  def _evaluate_finished(self, train_iter: Iterator,
+                         evaluate: Callable[[], dict]) -> dict:
+    """A finished run, run again, evaluates its final weights and trains
+    nothing; with --bn_stats=recompute their statistics are recomputed
+    first (Akiba et al. 2017), which compares both kinds of statistics on
+    the same weights. Nothing is saved."""
+    logging.info("The run is finished at step %d: evaluating its final "
+                 "weights%s.", self.step, " with recomputed BN statistics"
+                 if self._bn_recomputer else "")
+    if self._bn_recomputer:
+      self._bn_recomputer.recompute(train_iter,
+                                    self.cfg.model.bn_recompute_batches)
+    return evaluate()
 
   def _host_loop(self, train_iter: Iterator, num_steps: int,
                  micro_batches: int) -> LoopResult:

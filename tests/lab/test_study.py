@@ -159,6 +159,37 @@ def test_b_c_baseline_and_crop_train_with_lr_s_choice(smoke):
           chosen[optimizer] * papers["base_learning_rate"]), name
 
 
+def test_a_evaluates_each_final_weights_with_both_statistics(smoke):
+  with open(smoke / "out" / "a_distributed_bn.json") as f:
+    runs = json.load(f)["runs"]
+  recomputed = [r for r in runs if r["path"] == "recomputed"]
+  assert recomputed
+  for again in recomputed:
+    trained = [r for r in runs if r["path"] == "project" and r["seed"] ==
+               again["seed"] and r["point"][0] == again["point"][0]]
+    assert len(trained) == 1
+    trained = trained[0]
+    # The same model_dir: its training, then one more evaluation.
+    assert again["train_losses"] == trained["train_losses"]
+    assert again["evals"][:-1] == trained["evals"]
+    assert again["evals"][-1][0] == trained["evals"][-1][0]
+    assert again["settings"]["bn_stats"] == "recompute"
+
+
+def test_a_recomputed_run_follows_the_run_whose_weights_it_evaluates():
+  from lab import study_plan
+  from resnet_tpu.config import TrainConfig
+  scale = study_plan.DEFAULT
+  runs = study_plan.bn_runs(TrainConfig.from_flat(
+      "", num_train_images=scale.num_train), scale, {"momentum": 2.0})
+  assert len(runs) == len(scale.bn_groups) * len(scale.seeds) * 2
+  for previous, run in zip(runs, runs[1:]):
+    if run.path == "recomputed":
+      assert previous.path == "project"
+      assert run.cfg.replace(bn_stats="moving_average") == previous.cfg
+  assert {r.cfg.optim.base_learning_rate for r in runs} == {0.2}
+
+
 def test_the_smoke_reads_jpegs_built_from_the_idx_files(smoke):
   folders = smoke / "cache" / "images_200_100"
   counts = {split: sum(len(files) for _, _, files in os.walk(folders / split))
