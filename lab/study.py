@@ -25,7 +25,8 @@ pre-declared criteria (lab/study_verdict.py):
   c  batch-size control (Mikami et al. 2018): a growing batch against its
      final batch at equal epochs and at equal steps, and the small batch;
   baseline  the same network in stock Keras model.fit, equal budget;
-  crop  the Inception crop (min area 0.08) against min area 0.35.
+  crop  the Inception crop (min area 0.08) against min area 0.35 and the
+        whole image (stock Keras's plain resize, flip kept).
 
 Each writes <name>.md, .json and .png to --output_dir, the JSON with its
 criteria, verdicts, steps at the largest batch and the control's

@@ -52,10 +52,10 @@ TEXT = {
                      "What the project's full path (input pipeline, "
                      "zero-init gamma, distributed BN, its schedule and "
                      "trainer) gives over a plain model.fit.", "path", True),
-    "crop": Text("crop_small_images", "Inception crop against a crop for "
-                 "small images", "The ImageNet crop (min area 0.08) cuts "
-                 "small centred objects away; a larger minimum area keeps "
-                 "them.", "train_crop_min_area", True),
+    "crop": Text("crop_small_images", "Train crops for small images",
+                 "The ImageNet crop (min area 0.08) cuts small centred "
+                 "objects away; a larger minimum area keeps them.",
+                 "train_crop", True),
 }
 
 
