@@ -65,9 +65,11 @@ def setting(name: str, scale, source: str, num_test: int) -> str:
             f"{scale.num_train} training images of {source}, test top-1 "
             f"over all {num_test} test images, evaluated at 75 % and at "
             f"the end of each run (stock Keras: each quarter); "
-            f"{len(scale.seeds)} paired seed(s) per point; "
-            f"warm-up 15 % of each run; LR rules and "
-            f"criteria of lab/study_plan.py.")
+            + ("the first seed only (lr chooses, it does not decide); "
+               if name == "lr" else
+               f"{len(scale.seeds)} paired seed(s) per point; ") +
+            "warm-up 15 % of each run; LR rules and "
+            "criteria of lab/study_plan.py.")
   if name == "a":
     return (f"{scale.bn_replicas} CPU replicas x {scale.bn_per_replica} "
             f"images, {scale.bn_epochs:g} epochs, momentum SGD, label "

@@ -35,7 +35,7 @@ FLAGFILES = sorted(glob.glob(os.path.join(FLAGS_DIR, "*.cfg")))
 RECIPES = ("ying2018_v3-1024.cfg", "mikami2018_abci_2176gpu.cfg",
            "akiba2017_32k.cfg", "goyal2017_8k.cfg", "v3-8.cfg", "v4-8.cfg",
            "v3-32.cfg", "v5e-8.cfg", "v6e-8.cfg", "gpu_8x.cfg",
-           "cpu_demo.cfg")
+           "cpu_demo.cfg", "small_images.cfg")
 # The most TPU replicas one TPU VM host drives (a v2/v3 host: 8 cores).
 ONE_HOST_TPU_REPLICAS = 8
 README = os.path.join(os.path.dirname(FLAGS_DIR), "README.md")

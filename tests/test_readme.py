@@ -103,7 +103,8 @@ STUDY_FILES = ("a_distributed_bn", "lr_choice", "b_large_batch",
 
 def _study_figures() -> tuple[set[str], list[dict]]:
   """Every figure the committed studies measured, as the README prints them:
-  top-1 % (mean, min, max, and the gap between two means) and steps/s."""
+  top-1 % (mean, min, max, and the gap between two means) and steps/s, and
+  the settings they were measured at (a crop's min area, an LR scale)."""
   studies = []
   folder = os.path.join(ROOT, "bench_results", "studies")
   for name in sorted(os.listdir(folder)):
@@ -118,10 +119,16 @@ def _study_figures() -> tuple[set[str], list[dict]]:
                                                 "top1_max")}
       figures |= {f"{p['steps_per_sec']:.2f}",
                   f"{p.get('train_loss', 0):.2f}"}  # the first design: none
+      figures |= {f"{v:g}" for _, v in p["point"] if isinstance(v, float)}
     figures |= {f"{100 * abs(a - b):.1f}" for a in means for b in means}
     for verdict in study.get("verdicts", []):
       figures |= {f"{abs(verdict[k]):.1f}" for k in ("gap_points",
                                                      "pooled_spread_points")}
+    for run in study["runs"]:  # settings, e.g. a crop's min area
+      figures |= {f"{v:g}" for v in run["settings"].values()
+                  if isinstance(v, float)}
+    figures |= {f"{v:g}" for v in (study.get("chosen_lr_scales")
+                                   or {}).values()}
     for check in study.get("baseline_convergence", []):
       figures |= {f"{abs(check['gain_points']):.1f}",
                   f"{100 * check['top1_at_75']:.1f}",
