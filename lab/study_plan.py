@@ -30,7 +30,7 @@ smoothing off for the best optimizer at the largest batch; c (Mikami et
 al. 2018) a growing batch against the final batch at equal epochs and at
 equal steps, and the small batch as a ceiling; baseline: the same network
 in stock Keras model.fit beside the project's path; crop: the Inception
-crop (min area 0.08) against a larger minimum area for small images.
+crop (min area 0.08) against min area 0.35 and the whole image (CROPS).
 """
 import dataclasses
 import math
@@ -176,7 +176,7 @@ def bn_runs(base: TrainConfig, scale: Scale,
 def baselines(name: str, scale: Scale) -> list[tuple]:
   """The points whose convergence each study checks: the ungrouped BN
   (a), the papers' LR rules (lr), each optimizer's smallest batch (b), the
-  small batch (c), both paths (baseline) and both crops."""
+  small batch (c), both paths (baseline) and every crop."""
   if name == "a":
     return [(("bn_group_size", min(scale.bn_groups)),
              ("bn_stats", "moving_average"))]
