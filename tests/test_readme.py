@@ -8,6 +8,7 @@ import re
 
 from flag_reference import flag_table
 from module_list import module_table
+from lab.study_report import TEXT
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The sections of the front page, in order.
@@ -94,11 +95,9 @@ def test_quickstart_targets_exist():
   assert "make test" in _read(".ci/run")
 
 
-# lab/study.py's studies: the three papers' claims, the stock-Keras baseline
-# and the small-image crop.
-STUDY_FILES = ("a_distributed_bn", "lr_choice", "b_large_batch",
-               "c_batch_size_control",
-               "baseline_stock_keras", "crop_small_images")
+# Every study lab/study.py writes (lab/study_report.TEXT): the papers'
+# claims, lr's choice of LR rules, the stock-Keras baseline and the crop.
+STUDY_FILES = tuple(text.file_name for text in TEXT.values())
 
 
 def _study_figures() -> tuple[set[str], list[dict]]:
