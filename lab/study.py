@@ -180,14 +180,16 @@ def load_data(scale: study_plan.Scale) -> study_data.StudyData:
     raise app.UsageError(str(error)) from error
 
 
-def make_runner(scale: study_plan.Scale, data: study_data.StudyData
+def make_runner(scale: study_plan.Scale, data: study_data.StudyData,
+                costs: dict | None = None
                 ) -> tuple[study_plan.Scale, "study_runner.Runner"]:
-  """The scale at the data's real counts and a runner of it."""
+  """The scale at the data's real counts and a runner of it (with the
+  calibration's `costs`, so that each run records its estimate)."""
   scale = dataclasses.replace(scale, num_train=data.num_train,
                               num_test=data.num_test)
   return scale, study_runner.Runner(data, scale, FLAGS.work_dir,
                                     FLAGS.output_dir, FLAGS.strategy,
-                                    command(sys.argv))
+                                    command(sys.argv), costs)
 
 
 def main(argv: list[str]) -> None:
@@ -213,7 +215,7 @@ def main(argv: list[str]) -> None:
     if FLAGS.estimate_only:
       return
     if fitted.num_train != scale.num_train:
-      scale, runner = make_runner(fitted, load_data(fitted))
+      scale, runner = make_runner(fitted, load_data(fitted), runner.costs)
   written = run_studies(names, scale, runner)
   runner.discard_checkpoints()
   gc.collect()

@@ -71,7 +71,11 @@ class Runner:
   """Trains, remembers and reports the runs of the studies."""
 
   def __init__(self, data: StudyData, scale: study_plan.Scale, work_dir: str,
-               output_dir: str, strategy: str, command: str):
+               output_dir: str, strategy: str, command: str,
+               costs: dict[str, tuple[float, float, float, float]] | None
+               = None):
+    """costs: a calibration already made (kinds priced at another scale
+    keep their prices: every run keeps its steps)."""
     self.scale, self.work_dir, self.output_dir = scale, work_dir, output_dir
     self.command, self.data = command, data
     # The study's fixed choices; the plans add each run's own.
@@ -85,9 +89,15 @@ class Runner:
         train_crop_min_area=study_plan.SMALL_IMAGE_CROP,
         label_smoothing=0.1)
     self._done: dict[str, dict] = {}
-    self._costs: dict[str, tuple[float, float, float, float]] = {}
+    self._costs: dict[str, tuple[float, float, float, float]] = dict(
+        costs or {})
     self._count = 0
     self._kept = ("", "")  # (key, model_dir) of the last checkpoints kept
+
+  @property
+  def costs(self) -> dict[str, tuple[float, float, float, float]]:
+    """Each calibrated kind's step s, fixed s, CPU s a wall s, eval s."""
+    return dict(self._costs)
 
   def _key(self, item: study_plan.Run) -> str:
     return json.dumps([item.path, study_report.settings(item.cfg)],

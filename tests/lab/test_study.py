@@ -230,6 +230,25 @@ def test_the_estimate_prices_each_evaluation_after_the_calibrated_one(
   assert sum(runner.estimated_seconds(r) for r in plan) == wall
 
 
+def test_a_runner_of_the_fitted_scale_keeps_the_calibration(tmp_path):
+  """lab/study.py makes a new runner for the data of the scale that fits;
+  without the calibration its runs would record an estimate of 0 s."""
+  from lab import study_plan
+  from lab import study_runner
+  data = study_data.StudyData(str(tmp_path), 1000, 500, 10, "made up")
+  runner = study_runner.Runner(data, study_plan.SMOKE, str(tmp_path),
+                               str(tmp_path), "cpu", "")
+  plan = runner.plan(["crop"])
+  runner._costs = {study_runner.kind_of(r): (0.5, 7.0, 1.0, 10.0)
+                   for r in plan}
+  smaller = study_data.StudyData(str(tmp_path), 500, 500, 10, "made up")
+  fitted = study_runner.Runner(smaller, study_plan.SMOKE, str(tmp_path),
+                               str(tmp_path), "cpu", "", runner.costs)
+  assert fitted.costs == runner.costs
+  assert all(fitted.estimated_seconds(r) == runner.estimated_seconds(r) > 7
+             for r in fitted.plan(["crop"]))
+
+
 def _lr_record(optimizer, factor, top1, seed=0):
   return {"point": (("optimizer", optimizer), ("lr_scale", factor)),
           "seed": seed, "top1": top1}
