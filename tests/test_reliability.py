@@ -136,6 +136,38 @@ def test_sigterm_checkpoints_exits_42_and_the_same_command_resumes(tmp_path):
   assert tf.train.latest_checkpoint(model_dir).endswith(f"ckpt-{again}")
 
 
+def _sigterm_self(watcher: preemption.SigtermWatcher) -> None:
+  os.kill(os.getpid(), signal.SIGTERM)
+  deadline = time.time() + 10
+  while not watcher.received and time.time() < deadline:
+    time.sleep(0.01)  # Python runs the handler between bytecodes
+  assert watcher.received
+
+
+def test_a_sigterm_no_run_stopped_goes_on_to_the_python_handler_it_displaced():
+  """A SIGTERM in a run's last host loop or final eval ends no run (the run
+  finishes); a caller's own handler (lab/study.py's) still gets it, once,
+  after the watcher. One that raised Preempted is not passed on."""
+  calls = []
+  outer = signal.signal(signal.SIGTERM, lambda signum, _: calls.append(signum))
+  try:
+    with preemption.SigtermWatcher() as watcher:
+      _sigterm_self(watcher)
+      assert calls == []
+    assert calls == [signal.SIGTERM]
+
+    calls.clear()
+    with pytest.raises(preemption.Preempted):
+      with preemption.SigtermWatcher() as watcher:
+        _sigterm_self(watcher)
+        raise preemption.Preempted("saved")
+    with preemption.SigtermWatcher():
+      pass
+    assert calls == []
+  finally:
+    signal.signal(signal.SIGTERM, outer)
+
+
 # --- checkpoint integrity ---------------------------------------------------
 
 def test_save_cut_short_leaves_previous_checkpoint_latest(tmp_path,

@@ -69,9 +69,16 @@ class SigtermWatcher:
                       "checkpoint.")
     return self
 
-  def __exit__(self, *exc_info) -> None:
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
+  def __exit__(self, exc_type, *exc_info) -> None:
+    if self._previous is None:
+      return
+    signal.signal(signal.SIGTERM, self._previous)
+    # A SIGTERM that stopped no run (it came in the last host loop or the
+    # final eval: the run finished) goes on to a Python handler it
+    # displaced, e.g. lab/study.py's, which stops the runs after this one.
+    # The default disposition gets nothing: the finished run exits 0.
+    if self.received and exc_type is None and callable(self._previous):
+      self._previous(signal.SIGTERM, None)
 
   def _handle(self, signum, frame) -> None:
     del signum, frame
