@@ -41,6 +41,7 @@ import dataclasses
 import gc
 import os
 import shutil
+import signal
 import sys
 import time
 
@@ -192,6 +193,15 @@ def make_runner(scale: study_plan.Scale, data: study_data.StudyData,
                                     command(sys.argv), costs)
 
 
+def stop(signum: int, frame) -> None:
+  """SIGTERM: stop (a project run in flight first checkpoints, or ends if
+  it was in its last host loop); the studies written so far stay."""
+  del frame
+  logging.warning("SIGTERM: stopping; the studies already written stay in "
+                  "--output_dir=%s.", FLAGS.output_dir)
+  sys.exit(128 + signum)
+
+
 def main(argv: list[str]) -> None:
   names = [n.strip() for n in FLAGS.studies]
   unknown = sorted(set(names) - set(STUDIES))
@@ -201,6 +211,7 @@ def main(argv: list[str]) -> None:
   scale = (study_plan.SMOKE if FLAGS.smoke else
            study_plan.FULL if FLAGS.full else study_plan.DEFAULT)
   start = time.time()
+  signal.signal(signal.SIGTERM, stop)
   # Before any TensorFlow op (the data step's) initialises the devices.
   configure_cpu_replicas(max(scale.bn_replicas, scale.micro_replicas))
   data = load_data(scale)

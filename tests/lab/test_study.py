@@ -11,8 +11,11 @@ No accuracy is asserted: results live in bench_results/studies.
 import gzip
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -188,6 +191,40 @@ def test_a_recomputed_run_follows_the_run_whose_weights_it_evaluates():
       assert previous.path == "project"
       assert run.cfg.replace(bn_stats="moving_average") == previous.cfg
   assert {r.cfg.optim.base_learning_rate for r in runs} == {0.2}
+
+
+def test_sigterm_stops_the_studies_even_in_a_run_s_final_eval(smoke,
+                                                               tmp_path):
+  """The trainer lets a run in its last host loop or final eval finish on
+  SIGTERM; lab/study.py must still stop after it, not train on (seen with
+  an 8-replica eval of 85 s). SIGTERM comes once the first run has logged
+  its second-last host loop (smoke: 4 steps a loop), so it lands in the
+  last loop or the final eval."""
+  log_path = tmp_path / "study.log"
+  with open(log_path, "w") as log:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "lab.study", "--smoke", "--studies=lr",
+         f"--fashion_mnist_dir={smoke / 'idx'}",
+         f"--cache_dir={smoke / 'cache'}", f"--work_dir={tmp_path / 'work'}",
+         f"--output_dir={tmp_path / 'out'}"],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+  try:
+    deadline = time.time() + 300
+    while not any(0 < int(total) - int(step) <= 4 for step, total in
+                  re.findall(r"step (\d+)/(\d+):", log_path.read_text())):
+      assert process.poll() is None and time.time() < deadline, (
+          log_path.read_text()[-3000:])
+      time.sleep(0.01)
+    process.send_signal(signal.SIGTERM)
+    code = process.wait(timeout=120)
+  finally:
+    if process.poll() is None:
+      process.kill()
+      process.wait()
+  text = log_path.read_text()
+  assert code != 0, text[-3000:]
+  assert "study lr, " not in text.split("SIGTERM")[-1], text[-3000:]
+  assert not (tmp_path / "out" / "lr_choice.json").exists()
 
 
 def test_the_smoke_reads_jpegs_built_from_the_idx_files(smoke):
