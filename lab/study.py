@@ -193,7 +193,7 @@ def make_runner(scale: study_plan.Scale, data: study_data.StudyData,
                                     command(sys.argv), costs)
 
 
-def stop(signum: int, frame) -> None:
+def stop(signum: int, frame: object) -> None:
   """SIGTERM: stop (a project run in flight first checkpoints, or ends if
   it was in its last host loop); the studies written so far stay."""
   del frame
