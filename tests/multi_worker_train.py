@@ -7,15 +7,23 @@ replica's slice of every global batch, trains with BN groups of 2 replicas
 weights. `config` and `replica_slices_dataset_fn` are shared with the
 single-process reference run in the test.
 
+It also writes OUT.json: every communicating op of its traced host loop
+(collective_helpers.communication_ops), and those after its step loop.
+
 Usage (repository root on PYTHONPATH, TF_CONFIG set):
   python tests/multi_worker_train.py MODEL_DIR INIT.npz OUT.npz \
       GRADIENT_ALL_REDUCE GRID TIMEOUT_S
 """
+import json
+import os
 import sys
 
 import numpy as np
 import tensorflow as tf
 
+from collective_helpers import communication_ops
+from collective_helpers import COMMUNICATION_OP
+from collective_helpers import graph_nodes
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.train.trainer import Trainer
 
@@ -70,6 +78,16 @@ def main(model_dir: str, init_path: str, out_path: str,
                                for k in range(len(init.files))])
   trainer.fit(replica_slices_dataset_fn)
   np.savez(out_path, *trainer.model.get_weights())
+  # The loop fit traced (same input signature: found, not traced again).
+  loop = trainer.loops.train.get_concrete_function(
+      iter(strategy.distribute_datasets_from_function(
+          replica_slices_dataset_fn)), tf.constant(STEPS))
+  graph = loop.graph.as_graph_def()
+  outside = [n.op for fn, n in graph_nodes(graph)
+             if not fn and COMMUNICATION_OP.search(n.op)]
+  with open(os.path.splitext(out_path)[0] + ".json", "w") as f:
+    json.dump({"host_loop": communication_ops(graph),
+               "after_the_steps": outside}, f)
 
 
 if __name__ == "__main__":

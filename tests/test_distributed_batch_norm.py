@@ -6,6 +6,7 @@ import tensorflow as tf
 
 from conftest import cpu_strategy
 from resnet_tpu.model.distributed_batch_norm import DistributedBatchNormalization
+from resnet_tpu.model import moving_statistics
 
 REPLICAS = 8
 PER_REPLICA = 2
@@ -26,7 +27,9 @@ def _data():
 
 def _distributed(group_size, x, w, gamma, beta, dynamic_batch=False,
                  graph_ops=None):
-  """Outputs, gradients and moving statistics of group BN on 8 replicas.
+  """Outputs, gradients and moving statistics of group BN on 8 replicas:
+  each replica's own after the step, then every replica's after
+  moving_statistics.average_over_replicas.
 
   dynamic_batch hides the per-replica batch size from the layer, which then
   takes Keras's path with all-reduced moments instead of the fused kernels;
@@ -62,11 +65,18 @@ def _distributed(group_size, x, w, gamma, beta, dynamic_batch=False,
     graph_ops.update(op.type for op in graph.get_operations())
   y, dx, dgamma, dbeta = step(batch)
   local = strategy.experimental_local_results
+
+  def statistics():
+    return [np.stack([v.numpy() for v in local(s.value)])
+            for s in (bn.moving_mean, bn.moving_variance)]
+
+  own = statistics()
+  strategy.run(tf.function(lambda: moving_statistics.average_over_replicas(
+      [bn.moving_mean, bn.moving_variance])))
   return (np.concatenate([v.numpy() for v in local(y)]),
           np.concatenate([v.numpy() for v in local(dx)]),
           sum(v.numpy() for v in local(dgamma)),
-          sum(v.numpy() for v in local(dbeta)),
-          bn.moving_mean.numpy(), bn.moving_variance.numpy())
+          sum(v.numpy() for v in local(dbeta)), *own, *statistics())
 
 
 def _reference(group_size, x, w, gamma, beta):
@@ -89,10 +99,14 @@ def _reference(group_size, x, w, gamma, beta):
     dgamma, dbeta = dgamma + dg.numpy(), dbeta + db.numpy()
     means.append(bn.moving_mean.numpy())
     variances.append(bn.moving_variance.numpy())
-  # The moving statistics are replica 0's, i.e. its group's (no all-reduce
-  # per variable; tensorflow/tpu's ResNet also saves replica 0's copy).
-  return (np.concatenate(ys), np.concatenate(dxs), dgamma, dbeta,
-          means[0], variances[0])
+  # Each replica updates its own moving statistics with its group's (no
+  # communication per step); the host loop's average makes every replica's
+  # the mean over replicas, i.e. over the groups.
+  own = [np.repeat(s, group_size, axis=0) for s in (means, variances)]
+  averaged = [np.tile(np.mean(s, axis=0), (REPLICAS, 1))
+              for s in (means, variances)]
+  return (np.concatenate(ys), np.concatenate(dxs), dgamma, dbeta, *own,
+          *averaged)
 
 
 @pytest.mark.parametrize("dynamic_batch", [False, True],
@@ -109,7 +123,8 @@ def test_group_bn_on_8_replicas_equals_single_device_bn_per_group(
   assert fused != dynamic_batch, sorted(ops)
   want = _reference(group_size, *data)
   names = ("outputs", "input gradients", "gamma gradient", "beta gradient",
-           "moving mean", "moving variance")
+           "each replica's moving mean", "each replica's moving variance",
+           "averaged moving means", "averaged moving variances")
   for name, g, r in zip(names, got, want):
     np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4, err_msg=name)
 
@@ -176,7 +191,8 @@ def test_local_bn_runs_fused_and_equals_keras_bn(policy, tolerance):
   finally:
     keras.mixed_precision.set_global_policy(previous)
   names = ("outputs", "input gradients", "gamma gradient", "beta gradient",
-           "moving mean", "moving variance")
+           "each replica's moving mean", "each replica's moving variance",
+           "averaged moving means", "averaged moving variances")
   for name, got, want in zip(names, *results):
     np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance,
                                err_msg=name)
@@ -206,7 +222,8 @@ def test_group_bn_in_bfloat16_fused_equals_sums_path():
     keras.config.set_dtype_policy(previous)
   assert fused[0].dtype == np.dtype(tf.bfloat16.as_numpy_dtype)
   names = ("outputs", "input gradients", "gamma gradient", "beta gradient",
-           "moving mean", "moving variance")
+           "each replica's moving mean", "each replica's moving variance",
+           "averaged moving means", "averaged moving variances")
   for name, f, s in zip(names, fused, sums):
     f, s = np.asarray(f, np.float32), np.asarray(s, np.float32)
     np.testing.assert_allclose(f, s, rtol=3e-2,

@@ -5,7 +5,10 @@ sharding gives it its own slice of each batch; BN groups of 2 span worker
 pairs (Ying et al. §3.1) and gradients are summed by the 2-D all-reduce over
 a 2x2 grid (Mikami et al.). After 3 steps every worker's weights must equal
 those of a single-process 4-replica MirroredStrategy run with Keras's own
-gradient summation on the same data.
+gradient summation on the same data, the BN moving statistics included
+(each worker updates its own; every host loop ends with their mean over all
+replicas). Each worker's traced host loop communicates only through its
+collectives.
 """
 import json
 import os
@@ -26,6 +29,17 @@ WORKERS = 4
 # Whole test, workers included; on 2 idle cores it takes about 60 s.
 DEADLINE_S = 110.0
 COLLECTIVE_TIMEOUT_S = 60.0
+BN_LAYERS = 20  # ResNet-18
+# Every communicating op of a worker's traced host loop. Per step: the 2-D
+# gradient all-reduce over the 2x2 grid (a row reduce-scatter, one
+# CollectiveAllToAllV2; a column sum; a row gather, one CollectiveGatherV2),
+# 2 group sums per BN layer, the sum of the step's metrics, and the
+# distributed iterator's check that every worker still has data (int64).
+# After the steps: one all-reduce of the moving statistics.
+EXPECTED_CENSUS = {
+    "host_loop": {"CollectiveReduceV2": 2 * BN_LAYERS + 4,
+                  "CollectiveAllToAllV2": 1, "CollectiveGatherV2": 1},
+    "after_the_steps": ["CollectiveReduceV2"]}
 WORKER_SCRIPT = os.path.join(os.path.dirname(__file__),
                              "multi_worker_train.py")
 
@@ -78,7 +92,6 @@ def test_4_loopback_workers_match_a_4_replica_mirrored_run(tmp_path):
   cfg = worker.config(str(tmp_path))
   model = build_model(cfg.model, cfg.distribution)
   initial = model.get_weights()
-  trainable = [w.trainable for w in model.weights]
   init_path = tmp_path / "init.npz"
   np.savez(init_path, *initial)
   processes = _start_workers(tmp_path, init_path)
@@ -98,11 +111,10 @@ def test_4_loopback_workers_match_a_4_replica_mirrored_run(tmp_path):
   for task in range(WORKERS):
     with np.load(tmp_path / f"weights_{task}.npz") as got:
       for k, want in enumerate(expected):
-        if task and not trainable[k]:
-          # Moving statistics: each worker keeps its first replica's; the
-          # chief's (replica 0's) are the ones saved, as on TPUs.
-          continue
         # Float32 sums in another order (4 processes vs one), amplified by
         # the LR of 8 over 3 steps: a few weights differ by ~1e-5.
         np.testing.assert_allclose(got[f"arr_{k}"], want, rtol=1e-4,
                                    atol=5e-5, err_msg=f"worker {task}")
+    with open(tmp_path / f"weights_{task}.json") as f:
+      census = json.load(f)
+    assert census == EXPECTED_CENSUS, f"worker {task}"

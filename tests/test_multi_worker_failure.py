@@ -36,9 +36,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER_SCRIPT = os.path.join(ROOT, "tests", "reliability_worker.py")
 
 
-def start_workers(log_dir, flags: list[list[str]]) -> list[subprocess.Popen]:
-  """reliability_worker.py as worker `task` of a loopback cluster with
-  flags[task], its output in log_dir/worker_<task>.log."""
+def start_workers(log_dir, flags: list[list[str]],
+                  script: str = WORKER_SCRIPT) -> list[subprocess.Popen]:
+  """`script` (reliability_worker.py) as worker `task` of a loopback
+  cluster with flags[task], its output in log_dir/worker_<task>.log."""
   cluster = {"worker": [f"127.0.0.1:{p}"
                         for p in _free_loopback_ports(len(flags))]}
   log_dir.mkdir(exist_ok=True)
@@ -50,7 +51,7 @@ def start_workers(log_dir, flags: list[list[str]]) -> list[subprocess.Popen]:
                     "task": {"type": "worker", "index": task}}))
     with open(log_dir / f"worker_{task}.log", "w") as log:
       processes.append(subprocess.Popen(
-          [sys.executable, WORKER_SCRIPT, *task_flags], env=env,
+          [sys.executable, script, *task_flags], env=env,
           stdout=log, stderr=subprocess.STDOUT, cwd=ROOT))
   return processes
 

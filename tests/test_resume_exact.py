@@ -4,9 +4,9 @@ optimizer slots, step, input position, learning rate and logged metrics.
 
 The run is the real path of main.py (run.run on ImageNet-format TFRecords
 with shuffling, random crops and flips, BN groups over 2 replicas, a
-warm-up + cosine LR, momentum, weight decay, label smoothing and BN
-statistics recomputed before each checkpoint), with a tiny network in place
-of ResNet so that it takes seconds.
+warm-up + cosine LR, momentum, weight decay, label smoothing, and BN
+statistics either recomputed before each checkpoint or moving, per replica),
+with a tiny network in place of ResNet so that it takes seconds.
 """
 import os
 import signal
@@ -59,13 +59,15 @@ def _run(cfg, **kwargs):
                      distribution=Distribution(cpu_strategy(2)), **kwargs)
 
 
-def _config(model_dir, data_dir) -> TrainConfig:
+def _config(model_dir, data_dir, bn_stats: str) -> TrainConfig:
   return TrainConfig.from_flat(
       model_dir=str(model_dir), data_dir=data_dir, strategy="cpu",
-      num_cpu_replicas=2, bn_group_size=2, num_classes=CLASSES,
+      num_cpu_replicas=2, num_classes=CLASSES,
+      # Moving statistics over groups of 1: the replicas' copies differ.
+      bn_group_size=2 if bn_stats == "recompute" else 1,
       image_size=32, global_batch_size=8, eval_batch_size=8,
       train_steps=TOTAL_STEPS, num_train_images=64, steps_per_loop=2,
-      checkpoint_every_steps=3, bn_stats="recompute", bn_recompute_batches=1,
+      checkpoint_every_steps=3, bn_stats=bn_stats, bn_recompute_batches=1,
       base_learning_rate=0.8, lr_schedule="cosine", warmup_epochs=0.5,
       weight_decay=1e-3, label_smoothing=0.1, seed=3,
       deterministic_input=True, shuffle_buffer_size=32, label_offset=1)
@@ -97,17 +99,22 @@ def _without_timing(records: list[dict]) -> list[dict]:
           for r in records]
 
 
+@pytest.mark.parametrize("bn_stats", ["recompute", "moving_average"])
 def test_preempted_and_resumed_run_equals_uninterrupted_run(
-    tmp_path, data_dir):
+    tmp_path, data_dir, bn_stats):
+  """With moving statistics, each replica updates its own and every host
+  loop ends with their mean: the preempted run saves between two host
+  loops, where the uninterrupted one holds the same mean on every replica,
+  so the final evaluation and checkpoint agree too."""
   whole = tmp_path / "uninterrupted"
-  _run(_config(whole, data_dir))
+  _run(_config(whole, data_dir, bn_stats))
 
   split = tmp_path / "preempted"
   with pytest.raises(preemption.Preempted, match=f"step {PREEMPT_AT}/"):
-    _run(_config(split, data_dir),
+    _run(_config(split, data_dir, bn_stats),
          loop_callback=_sigterm_after_step(PREEMPT_AT))
   assert tf.train.latest_checkpoint(split).endswith(f"ckpt-{PREEMPT_AT}")
-  _run(_config(split, data_dir))
+  _run(_config(split, data_dir, bn_stats))
 
   expected, got = _checkpoint_values(whole), _checkpoint_values(split)
   assert sorted(got) == sorted(expected)

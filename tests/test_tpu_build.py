@@ -25,6 +25,7 @@ from resnet_tpu.config import ConfigError
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.train.trainer import Trainer
 import simulated_tpu
+from collective_helpers import communication_ops
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -152,8 +153,10 @@ def test_one_tpu_step_issues_only_the_collectives_the_references_do(
     tmp_path, depth, trainable, bn_layers):
   """Per step: one all-replica sum per gradient, which XLA combines (Ying
   et al. §3.3), and two group sums per BN layer (§3.1: forward statistics,
-  backward sums). The moving statistics add none: each replica keeps its
-  own and replica 0's is saved, as tensorflow/tpu's ResNet does."""
+  backward sums), and no other op that communicates, of any kind. The
+  moving statistics and the optimizer's step counter add none: each
+  replica updates its own, as tensorflow/tpu's ResNet does (their
+  ON_WRITE "only_first_replica" form added an AllToAll per variable)."""
   graph, layout, trainer = _traced_step(str(tmp_path), "v3-8", depth,
                                         bn_group_size=4)
   metadata = [op for op in graph.get_operations()
@@ -161,7 +164,28 @@ def test_one_tpu_step_issues_only_the_collectives_the_references_do(
   assert [op.get_attr("num_replicas") for op in metadata] == [8]
   assert len(trainer.model.trainable_variables) == trainable
   assert _bn_layers(trainer) == bn_layers
+  assert communication_ops(graph.as_graph_def()) == {
+      "CrossReplicaSum": trainable + 2 * bn_layers}
   every_replica = (tuple(range(8)),)
   tiles = tuple(map(tuple, layout.group_assignment))
   assert simulated_tpu.cross_replica_sums(graph) == {
       every_replica: trainable, tiles: 2 * bn_layers}
+
+
+def test_a_tpu_host_loop_averages_the_moving_statistics_in_one_sum(
+    tmp_path):
+  """What the host loop adds after its steps (moving_statistics.py): one
+  all-replica sum of every BN layer's mean and variance, nothing else."""
+  strategy, _ = simulated_tpu.tpu_strategy("v3-8", 4)
+  cfg = TrainConfig.tiny(
+      str(tmp_path), strategy="tpu", use_synthetic_data=True,
+      resnet_depth=18, global_batch_size=16, bn_group_size=4)
+  with tf.Graph().as_default() as graph:
+    trainer = Trainer(cfg, strategy)
+    strategy.run(trainer.replica_step.average_moving_statistics)
+  assert communication_ops(graph.as_graph_def()) == {"CrossReplicaSum": 1}
+  assert simulated_tpu.cross_replica_sums(graph) == {(tuple(range(8)),): 1}
+  (summed,) = [op for op in graph.get_operations()
+               if op.type == "CrossReplicaSum"]
+  channels = sum(v.shape[0] for v in trainer.model.non_trainable_variables)
+  assert summed.inputs[0].shape == [channels]

@@ -12,7 +12,9 @@ dy and dy * x_hat in the group (on TPU XLA fuses either form). group_size
 equal to the replica count is fully synchronised BN.
 
 Inference mode uses the moving statistics only, so an exported model holds no
-collective op.
+collective op. The moving statistics are replica-local: each replica updates
+its own with no communication, and moving_statistics.py averages them over
+all replicas once per host loop.
 """
 import contextlib
 import dataclasses
@@ -76,11 +78,8 @@ class DistributedBatchNormalization(keras.layers.BatchNormalization):
         self.groups)
 
   def build(self, input_shape):
-    # Moving statistics: replica 0's update is kept (only_first_replica),
-    # with no all-reduce per variable and step, as the TPU references keep
-    # and save replica 0's copy. On one host every replica then holds
-    # replica 0's; a worker of several holds its first replica's between
-    # restores, and the chief saves replica 0's.
+    # Moving statistics: one copy per replica, updated with no
+    # communication (moving_statistics.py averages them once per host loop).
     shape = (input_shape[self.axis],)
     if self.scale:
       self.gamma = self.add_weight(
@@ -90,20 +89,29 @@ class DistributedBatchNormalization(keras.layers.BatchNormalization):
       self.beta = self.add_weight(
           shape=shape, name="beta", initializer=self.beta_initializer,
           regularizer=self.beta_regularizer, trainable=True, autocast=False)
-    self.moving_mean = self.add_weight(
-        shape=shape, name="moving_mean",
-        initializer=self.moving_mean_initializer, trainable=False,
-        autocast=False, aggregation="only_first_replica")
-    self.moving_variance = self.add_weight(
-        shape=shape, name="moving_variance",
-        initializer=self.moving_variance_initializer, trainable=False,
-        autocast=False, aggregation="only_first_replica")
+    self.moving_mean = self._replica_local_weight(
+        "moving_mean", shape, self.moving_mean_initializer)
+    self.moving_variance = self._replica_local_weight(
+        "moving_variance", shape, self.moving_variance_initializer)
     self.input_spec = keras.layers.InputSpec(
         ndim=len(input_shape), axes={self.axis: input_shape[self.axis]})
     axes = list(range(len(input_shape)))
     del axes[self.axis]
     self._reduction_axes = axes
     self.built = True
+
+  def _replica_local_weight(self, name: str, shape: tuple[int],
+                            initializer) -> keras.Variable:
+    """A moving statistic each replica updates in place, with no
+    communication (ON_READ): read across replicas (saved, exported) it is
+    replica 0's copy. Layer.add_weight takes no `synchronization`; the
+    variable is tracked as the layer's attribute, in the same order."""
+    with keras.name_scope(self.name):
+      return keras.Variable(
+          initializer=keras.initializers.get(initializer), shape=shape,
+          dtype=self.variable_dtype, trainable=False, autocast=False,
+          synchronization="on_read", aggregation="only_first_replica",
+          name=name)
 
   def call(self, inputs, training=None, mask=None):
     if training and self.trainable and self._fusable(inputs, mask):

@@ -2,7 +2,9 @@
 
 On a TPU the host must not be on the critical path: each call of a loop here
 runs `num_steps` steps inside one tf.function (`--steps_per_loop`, the TPU
-"host loop"), and only the sums of the loop come back to the host. The
+"host loop"), and only the sums of the loop come back to the host. Each loop
+ends by averaging the replicas' BN moving statistics (moving_statistics.py),
+so they are equal everywhere at every evaluation and checkpoint. The
 accumulating loop is Mikami et al. 2018's batch-size control: a larger
 global batch as several micro-batches per optimizer step.
 """
@@ -91,6 +93,7 @@ class HostLoops:
     sums = LoopSums.empty(self.step.num_sources)
     for i in tf.range(num_steps):
       sums = sums.add(self._run(self.step.train, next(iterator)), i)
+    self.strategy.run(self.step.average_moving_statistics)
     return sums
 
   @tf.function
@@ -116,6 +119,7 @@ class HostLoops:
         sums = sums.add(step._replace(nonfinite=nonfinite),
                         micro // micro_batches)
         step = StepSums.zeros(self.step.num_sources)
+    self.strategy.run(self.step.average_moving_statistics)
     return sums
 
   @tf.function

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from resnet_tpu.runtime import compat
 from resnet_tpu.inputs import record_guards
+from resnet_tpu.model import moving_statistics
 from resnet_tpu.optim import optimizers
 from resnet_tpu.config import TrainConfig
 
@@ -87,6 +88,7 @@ class ReplicaStep:
     in_loss = optimizers.weight_decay_in_loss(cfg.optim.optimizer)
     self._decayed = (decayed_variables(model)
                      if in_loss and cfg.optim.weight_decay else [])
+    self.replica_local = moving_statistics.replica_local_statistics(model)
 
   def losses_and_hits(self, logits, labels):
     """Per-example loss, top-1 and top-5 hits and weight (0 for label -1)."""
@@ -193,6 +195,11 @@ class ReplicaStep:
     for acc in self.accumulators:
       acc.assign(tf.zeros_like(acc))
     return 1.0 - tf.cast(all_finite(grads), tf.float32)
+
+  def average_moving_statistics(self) -> None:
+    """Every replica's BN moving statistics become their mean over all
+    replicas (moving_statistics.py): once per host loop, not per step."""
+    moving_statistics.average_over_replicas(self.replica_local)
 
   def eval(self, images, labels, mask) -> StepSums:
     """Sums of one eval batch; `mask` is 0 on the padding of the last."""
