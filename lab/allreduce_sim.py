@@ -66,6 +66,13 @@ from absl import logging
 import numpy as np
 
 RESNET50_NUM_VALUES = 25_557_032
+# BN channels of ResNet-50 (53 layers): each has a moving mean and variance.
+RESNET50_BN_CHANNELS = 26_560
+# The ways the moving statistics have been kept across replicas.
+STATISTICS_OPTIONS = ("only_first_replica", "mean_per_step",
+                      "local_mean_per_loop")
+STATISTICS_CHIPS = (8, 32, 128, 512, 1024, 2048, 4096)
+STATISTICS_STEPS_PER_LOOP = 100
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 ALGORITHMS = ("ring_1d", "ying_2d", "grid_2d")
 ALGORITHM_TITLES = {
@@ -521,6 +528,37 @@ def _explanation(num_values: int, link: LinkModel) -> list[str]:
   ]
 
 
+def statistics_bytes_per_step(option: str, chips: int,
+                              steps_per_loop: int = STATISTICS_STEPS_PER_LOOP,
+                              channels: int = RESNET50_BN_CHANNELS) -> float:
+  """Float32 bytes one chip sends per step for the BN moving statistics.
+
+  only_first_replica: ON_WRITE variables, as TPUExtended._broadcast_to
+    applies them: an AllToAll of N copies of each value, of which a chip
+    sends N - 1 (tensorflow/python/distribute/tpu_strategy.py);
+  mean_per_step: ON_WRITE with aggregation "mean": one bandwidth-optimal
+    all-reduce of every value per step, 2 (N - 1) / N of it sent;
+  local_mean_per_loop: replica-local (ON_READ), averaged by one such
+    all-reduce per host loop of `steps_per_loop` steps (today's form).
+  """
+  values = 2 * channels * 4.0
+  all_reduce = 2 * (chips - 1) / chips * values
+  return {"only_first_replica": (chips - 1) * values,
+          "mean_per_step": all_reduce,
+          "local_mean_per_loop": all_reduce / steps_per_loop}[option]
+
+
+def _statistics_table() -> list[str]:
+  lines = ["| chips | " + " | ".join(f"`{o}` (KB)" for o in
+                                     STATISTICS_OPTIONS) + " |",
+           "|---:|" + "---:|" * len(STATISTICS_OPTIONS)]
+  for chips in STATISTICS_CHIPS:
+    lines.append(f"| {chips} | " + " | ".join(
+        f"{statistics_bytes_per_step(o, chips) / 1e3:,.1f}"
+        for o in STATISTICS_OPTIONS) + " |")
+  return lines
+
+
 def render_markdown(results: list[dict], num_values: int,
                     link: LinkModel) -> str:
   """Report: parameters and sources, tables per dtype, 1024-chip speed-up."""
@@ -547,6 +585,17 @@ def render_markdown(results: list[dict], num_values: int,
   lines += [f"## Speed-up over the 1-D ring at {shape} vs alpha", "",
             *_sensitivity_table(num_values, link), "",
             "## Reading the numbers", "", *_explanation(num_values, link), "",
+            "## BN moving statistics: bytes each chip sends per step", "",
+            f"ResNet-50's {2 * RESNET50_BN_CHANNELS:,} moving-statistics "
+            "values in float32 (statistics_bytes_per_step). "
+            "`only_first_replica`: ON_WRITE, replica 0's value broadcast by "
+            "an AllToAll per variable and step; `mean_per_step`: an "
+            "all-reduce per variable and step; `local_mean_per_loop`: each "
+            "replica its own, one all-reduce per host loop of "
+            f"{STATISTICS_STEPS_PER_LOOP} steps (moving_statistics.py). For "
+            "scale, the float32 gradient all-reduce sends "
+            f"{2 * RESNET50_NUM_VALUES * 4 / 1e6:.0f} MB per chip and step.",
+            "", *_statistics_table(), "",
             "The formulas' step counts and bytes per link direction equal "
             "those of an exact message-by-message execution on 2x2, 2x4, "
             "4x4 and 3x5 tori (tests/test_allreduce_sim.py).", ""]
@@ -650,6 +699,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                "sources": list(LINK_SOURCES),
                "speedup_over_ring_1d_at_32x32": speedups(
                    HEADLINE_SHAPE, args.num_values, link),
+               "moving_statistics_bytes_per_chip_per_step": {
+                   str(chips): {o: statistics_bytes_per_step(o, chips)
+                                for o in STATISTICS_OPTIONS}
+                   for chips in STATISTICS_CHIPS},
                "results": results}, f, indent=1)
   plot(results, path + ".png")
   print(report)

@@ -43,6 +43,9 @@ MEANINGS = {
                 "(of the bfloat16 matmul peak)",
     "bn_group4_vs_group1": "step time, bn_group_size 4 / 1, "
                            "8 CPU replicas",
+    "statistics_local_vs_broadcast": "step time, BN moving statistics "
+                                     "replica-local / broadcast from "
+                                     "replica 0, group 4, 8 CPU replicas",
     "input_full_vs_decode_ceiling": "images/s, full input pipeline / "
                                     "decode-only ceiling",
     "input_fused_vs_full_decode": "images/s, fused decode-and-crop / "

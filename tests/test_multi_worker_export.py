@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 import tensorflow as tf

@@ -369,11 +369,18 @@ def test_skip_nonfinite_steps_trains_as_if_the_bad_batch_was_never_there(
   clean.fit(_dataset_fn(images[keep], labels[keep]))
 
   assert skipping.step == clean.step == 4
-  for got, want in zip(_values(skipping.model.variables) +
-                       _values(skipping.optimizer.variables),
-                       _values(clean.model.variables) +
-                       _values(clean.optimizer.variables)):
-    np.testing.assert_array_equal(got, want)  # BN moving stats included
+  for variable, got, want in zip(
+      skipping.model.variables + skipping.optimizer.variables,
+      _values(skipping.model.variables) + _values(skipping.optimizer.variables),
+      _values(clean.model.variables) + _values(clean.optimizer.variables)):
+    if variable.synchronization == "on_read":
+      # BN moving statistics: each replica's own, averaged at the end of
+      # each host loop, and the skipping run's loops end at other batches
+      # (4 batches, then 1; the clean run's: 4). The average is linear, so
+      # they agree up to float rounding.
+      np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-8)
+    else:
+      np.testing.assert_array_equal(got, want)
   assert [r["skipped_steps"] for r in read_metrics(tmp_path / "skip")] == [
       1, 0]
 

@@ -178,3 +178,24 @@ def test_cli_writes_markdown_json_and_png(tmp_path, capsys):
   assert len(report["results"]) == 3 * 2 * len(sim.ALGORITHMS)
   assert report["speedup_over_ring_1d_at_32x32"]["fp32"]["ying_2d"] > 1
   assert png.startswith(b"\x89PNG")
+
+
+def test_resnet50_has_the_bn_channels_the_statistics_model_counts():
+  from resnet_tpu.config import TrainConfig  # pylint: disable=g-import-not-at-top
+  from resnet_tpu.model.resnet import build_model  # pylint: disable=g-import-not-at-top
+  cfg = TrainConfig.tiny("unused", resnet_depth=50, image_size=32)
+  model = build_model(cfg.model, cfg.distribution)
+  moving = [v for v in model.non_trainable_variables
+            if v.path.endswith(("moving_mean", "moving_variance"))]
+  assert len(moving) == 2 * 53
+  assert sum(v.shape[0] for v in moving) == 2 * sim.RESNET50_BN_CHANNELS
+
+
+def test_statistics_traffic_follows_each_option():
+  values = 2 * sim.RESNET50_BN_CHANNELS * 4
+  # A chip sends N - 1 copies under the broadcast: ~218 MB at 1,024 chips.
+  assert sim.statistics_bytes_per_step("only_first_replica", 1024) == (
+      1023 * values)
+  assert sim.statistics_bytes_per_step("mean_per_step", 2) == values
+  assert sim.statistics_bytes_per_step("local_mean_per_loop", 2, 100) == (
+      values / 100)

@@ -15,7 +15,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 HEADLINES = {"train.json": ("ours_vs_keras_fp32", "ours_vs_keras_bf16",
                             "mfu_bf16"),
-             "bn_groups.json": ("bn_group4_vs_group1",)}
+             "bn_groups.json": ("bn_group4_vs_group1",
+                                "statistics_local_vs_broadcast")}
 
 
 def _run(module: str, output_dir, *args, timeout=600):
