@@ -19,6 +19,7 @@ import keras
 import tensorflow as tf
 
 from resnet_tpu.train import cadence
+from resnet_tpu.train import iterators
 from resnet_tpu.train import loop_report
 from resnet_tpu.train import preemption
 from resnet_tpu.model.bn_recompute import BNStatisticsRecomputer
@@ -90,6 +91,7 @@ class Trainer:
     self.save_timer = cadence.SaveTimer(cfg.run.checkpoint_every_minutes)
     self._start_time = time.time()
     self._faults = None
+    self._eval_input: iterators.EvalInput | None = None
 
   @property
   def step(self) -> int:
@@ -126,10 +128,15 @@ class Trainer:
   def evaluate(self, eval_dataset_fn: DatasetFn, eval_steps: int) -> dict:
     """Top-1/top-5 over every example of the eval set (padding masked out),
     with the weights the model has now (call `restore` first to evaluate a
-    checkpoint)."""
-    dataset = self.strategy.distribute_datasets_from_function(eval_dataset_fn)
+    checkpoint). Evaluations of the same eval set share one iterator
+    (iterators.EvalInput); `close_inputs` releases it."""
+    if not (self._eval_input and
+            self._eval_input.serves(eval_dataset_fn, eval_steps)):
+      self.close_inputs()
+      self._eval_input = iterators.EvalInput(self.strategy, eval_dataset_fn,
+                                             eval_steps)
     start = time.time()
-    result = LoopResult.of(self.loops.eval(iter(dataset),
+    result = LoopResult.of(self.loops.eval(self._eval_input.iterator,
                                            tf.constant(eval_steps)))
     seconds = time.time() - start
     record = {"step": self.step, "split": "eval", "loss": result.loss,
@@ -143,6 +150,13 @@ class Trainer:
                  result.top1, result.top5, result.examples,
                  record["images_per_sec"])
     return record
+
+  def close_inputs(self) -> None:
+    """Releases the evaluation iterator, in the background
+    (iterators.release); the next evaluation makes a new one."""
+    if self._eval_input:
+      self._eval_input.close()
+      self._eval_input = None
 
   def fit(self, train_dataset_fn: DatasetFn,
           eval_dataset_fn: DatasetFn | None = None, eval_steps: int = 0,
@@ -159,6 +173,10 @@ class Trainer:
     the last eval record (or the last train record when there is no eval
     set). A run restored at its last step only evaluates, once
     (_evaluate_finished).
+
+    Its input iterators are released in the background when it returns
+    (iterators.py), so it returns as soon as the last step, save and eval
+    are done.
 
     Raises preemption.Preempted after checkpointing when any worker got
     SIGTERM, preemption.WorkerLost when a peer worker failed, and
@@ -188,6 +206,10 @@ class Trainer:
           f"{self.checkpoints.latest()}.") from e
     finally:
       self.metrics.flush()
+      owned = [train_iter]
+      del train_iter
+      iterators.release(owned)
+      self.close_inputs()
 
   def _positioned_input(self, dataset_fn: DatasetFn,
                         resume_dataset_fn: Callable[[int], DatasetFn] | None
