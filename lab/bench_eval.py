@@ -1,0 +1,275 @@
+"""Where users wait: evaluation, checkpoint saves and the end of a run.
+
+  python -m lab.bench_eval --output_dir=bench_results [--tiny]
+
+Each sample is one training run in its own process, as `make study` runs
+them: 8 virtual CPU replicas under MirroredStrategy, the study's narrow
+ResNet on Fashion-MNIST (lab/study_data.py), evaluating the whole test set
+every --eval_every steps, by run.run. Two variants alternate A B A B:
+
+- `long_lived`: today's trainer (resnet_tpu/train/iterators.py): one
+  evaluation iterator for the run, input iterators dropped on a daemon
+  thread when fit returns;
+- `per_evaluation`: the trainer as it was before issue 38, patched back in
+  for this variant only: a new evaluation iterator per evaluation, each
+  input iterator deleted on the thread that trained.
+
+Each sample records every evaluation's seconds, evaluation and training
+images/s, the seconds each checkpoint save blocked training, the seconds
+from the end of the last host loop (last step) to the return of run(), and
+from there to the end of the process. A child that outlives --timeout_s is
+killed and counted at the timeout.
+"""
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+from absl import app
+from absl import flags
+from absl import logging
+
+FLAGS = flags.FLAGS
+VARIANTS = ("long_lived", "per_evaluation")
+REPLICAS = 8
+
+
+@contextlib.contextmanager
+def per_evaluation_iterators():
+  """The evaluation and teardown of the trainer before issue 38: each
+  evaluation reads a new iterator and deletes it when it returns, and fit
+  deletes the training iterator itself."""
+  from resnet_tpu.train import iterators
+
+  def release_now(owned: list) -> None:
+    owned.clear()  # deletes the iterators here, on the caller's thread
+
+  saved = (iterators.release, iterators.EvalInput.serves)
+  iterators.release = release_now
+  iterators.EvalInput.serves = lambda self, *args: False
+  try:
+    yield
+  finally:
+    iterators.release, iterators.EvalInput.serves = saved
+
+
+def child(variant: str, data_dir: str, model_dir: str, result_path: str,
+          setup: dict) -> None:
+  """One timed training run (in a child process of its own)."""
+  from resnet_tpu.runtime import process_setup
+  process_setup.apply_cpu_kernel_choice("auto", "cpu")
+  from lab import study_model
+  from resnet_tpu.config import TrainConfig
+  from resnet_tpu.run import run
+  from resnet_tpu.train.trainer import Trainer
+
+  cfg = TrainConfig.from_flat(
+      model_dir=model_dir, data_dir=data_dir, strategy="cpu",
+      num_cpu_replicas=REPLICAS, resnet_depth=18, num_classes=10,
+      image_size=32, global_batch_size=setup["batch"],
+      eval_batch_size=setup["eval_batch"],
+      num_eval_images=setup["num_test"], num_train_images=setup["num_train"],
+      train_steps=setup["steps"], eval_every_steps=setup["eval_every"],
+      steps_per_loop=setup["eval_every"], keep_checkpoints=1,
+      shuffle_buffer_size=setup["num_train"], lr_schedule="constant",
+      warmup_epochs=0.0)
+  saves, loop_ends, eval_ends, eval_walls = [], [], [], []
+  original_save, original_evaluate = Trainer.save, Trainer.evaluate
+
+  def timed_save(self):
+    start = time.time()
+    path = original_save(self)
+    saves.append(time.time() - start)
+    return path
+
+  def timed_evaluate(self, *args):
+    start = time.time()
+    record = original_evaluate(self, *args)
+    eval_ends.append(time.time())
+    eval_walls.append((eval_ends[-1] - start, record["examples"]))
+    return record
+
+  Trainer.save, Trainer.evaluate = timed_save, timed_evaluate
+  patch = (per_evaluation_iterators() if variant == "per_evaluation"
+           else contextlib.nullcontext())
+  with patch:
+    run(cfg, model_fn=study_model.narrow_resnet,
+        loop_callback=lambda record: loop_ends.append(time.time()))
+  returned = time.time()
+  with open(os.path.join(model_dir, "metrics.jsonl")) as f:
+    trains = [r for r in map(json.loads, f) if r["split"] == "train"]
+  with open(result_path, "w") as f:
+    json.dump({
+        # The wall time of each Trainer.evaluate call, iterators included.
+        "eval_seconds": [seconds for seconds, _ in eval_walls],
+        "eval_images_per_sec": [n / seconds for seconds, n in eval_walls],
+        # The first loop traces the step.
+        "train_images_per_sec": [r["images_per_sec"] for r in trains[1:]],
+        "save_seconds": saves,
+        "last_step_to_return_s": returned - loop_ends[-1],
+        "last_eval_to_return_s": returned - eval_ends[-1],
+        "returned_at": returned}, f)
+
+
+def run_child(variant: str, data_dir: str, tag: str, setup: dict) -> dict:
+  """Runs one sample; returns its measurements plus `exit_s`, the seconds
+  from the return of run() to the end of the process."""
+  model_dir = os.path.join(FLAGS.scratch_dir, tag)
+  result_path = model_dir + ".json"
+  subprocess.run(["rm", "-rf", model_dir, result_path], check=True)
+  command = [sys.executable, "-m", "lab.bench_eval", f"--child={variant}",
+             f"--child_data_dir={data_dir}", f"--child_model_dir={model_dir}",
+             f"--child_result={result_path}",
+             f"--child_setup={json.dumps(setup)}"]
+  timed_out = False
+  with open(model_dir + ".log", "w") as log:
+    try:
+      code = subprocess.run(command, timeout=FLAGS.timeout_s, stdout=log,
+                            stderr=subprocess.STDOUT).returncode
+    except subprocess.TimeoutExpired:
+      timed_out, code = True, 0
+  ended = time.time()
+  if code:
+    with open(model_dir + ".log") as log:
+      raise RuntimeError(f"{variant} run {tag} failed (exit code {code}):\n"
+                         + "".join(log.readlines()[-20:]))
+  with open(result_path) as f:
+    result = json.load(f)
+  result["exit_s"] = ended - result.pop("returned_at")
+  result["timed_out"] = timed_out
+  return result
+
+
+def spread(values: list[float]) -> dict:
+  return {"median": statistics.median(values), "min": min(values),
+          "max": max(values)}
+
+
+def summarise(samples: list[dict]) -> dict:
+  """Per variant: each measurement's median and range over all samples."""
+  pooled = {key: [v for s in samples for v in s[key]] for key in
+            ("train_images_per_sec", "save_seconds")}
+  # Evaluations after the first (which traces the evaluation step).
+  for key in ("eval_seconds", "eval_images_per_sec"):
+    pooled[key] = [v for s in samples for v in s[key][1:]]
+  for key in ("last_step_to_return_s", "last_eval_to_return_s", "exit_s"):
+    pooled[key] = [s[key] for s in samples]
+  summary = {key: spread(values) for key, values in pooled.items()}
+  summary["timed_out"] = sum(s["timed_out"] for s in samples)
+  return summary
+
+
+def headlines(summary: dict) -> dict:
+  new, old = summary["long_lived"], summary["per_evaluation"]
+  rep = new["eval_seconds"]
+  return {
+      "eval_vs_train_images_per_sec":
+          new["eval_images_per_sec"]["median"]
+          / new["train_images_per_sec"]["median"],
+      "eval_seconds_max_over_median": rep["max"] / rep["median"],
+      "eval_seconds_old_over_new":
+          old["eval_seconds"]["median"] / rep["median"],
+      "last_step_to_return_s": new["last_step_to_return_s"]["median"],
+      "last_step_to_return_s_old": old["last_step_to_return_s"]["median"],
+      "save_blocks_s": new["save_seconds"]["median"],
+  }
+
+
+def markdown(summary: dict, setup: dict, heads: dict) -> str:
+  rows = (("eval_seconds", "evaluation after the first, s", 2),
+          ("eval_images_per_sec", "evaluation after the first, images/s",
+           0),
+          ("train_images_per_sec", "training, images/s", 0),
+          ("save_seconds", "checkpoint save blocks, s", 3),
+          ("last_step_to_return_s", "last step to run() returned, s", 1),
+          ("last_eval_to_return_s", "last evaluation to run() returned, s",
+           1),
+          ("exit_s", "run() returned to process end, s", 1))
+  lines = [
+      "### Evaluation and the end of a run on 8 virtual CPU replicas",
+      "",
+      f"{setup['repetitions']} alternating runs per variant, each its own "
+      f"process: narrow ResNet, {setup['num_train']} Fashion-MNIST training "
+      f"images, batch {setup['batch']}, {setup['steps']} steps, the "
+      f"{setup['num_test']} test images evaluated every "
+      f"{setup['eval_every']} steps. Median (min-max) over every "
+      "evaluation, save or run.",
+      "",
+      "| measurement | one iterator per run (today) | "
+      "one per evaluation (before) |",
+      "|---|---:|---:|",
+  ]
+  for key, name, digits in rows:
+    cells = [f"{summary[v][key]['median']:.{digits}f} "
+             f"({summary[v][key]['min']:.{digits}f}-"
+             f"{summary[v][key]['max']:.{digits}f})" for v in VARIANTS]
+    lines.append(f"| {name} | {cells[0]} | {cells[1]} |")
+  lines += ["", "Runs killed at the timeout: " + ", ".join(
+      f"{v} {summary[v]['timed_out']}" for v in VARIANTS) + ".",
+            "", "Today: evaluation images/s / training images/s "
+            f"{heads['eval_vs_train_images_per_sec']:.1f}x; the slowest "
+            "repeated evaluation / their median "
+            f"{heads['eval_seconds_max_over_median']:.2f}x."]
+  return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  setup = dict(num_train=FLAGS.num_train, num_test=FLAGS.num_test,
+               batch=FLAGS.batch, eval_batch=FLAGS.eval_batch,
+               steps=FLAGS.steps, eval_every=FLAGS.eval_every,
+               repetitions=FLAGS.repetitions)
+  if FLAGS.child:
+    child(FLAGS.child, FLAGS.child_data_dir, FLAGS.child_model_dir,
+          FLAGS.child_result, json.loads(FLAGS.child_setup))
+    return
+  if FLAGS.tiny:
+    setup.update(num_train=64, num_test=64, batch=16, eval_batch=16,
+                 steps=4, eval_every=2, repetitions=1)
+  from lab import study_data
+  from tools import bench_common
+  data = study_data.study_data(FLAGS.cache_dir, "", setup["num_train"],
+                               setup["num_test"])
+  samples = {v: [] for v in VARIANTS}
+  for repetition in range(setup["repetitions"]):
+    for variant in VARIANTS:
+      sample = run_child(variant, data.data_dir, f"{variant}_{repetition}",
+                         setup)
+      logging.info("%s %d: %s", variant, repetition, sample)
+      samples[variant].append(sample)
+  summary = {v: summarise(s) for v, s in samples.items()}
+  heads = headlines(summary)
+  report = markdown(summary, setup, heads)
+  bench_common.write_json(FLAGS.output_dir, "eval.json", {
+      "setup": setup, "machine": bench_common.machine(), "summary": summary,
+      "samples": samples, **heads})
+  with open(f"{FLAGS.output_dir}/eval.md", "w") as f:
+    f.write(report)
+  bench_common.merge_summary(FLAGS.output_dir, heads)
+  print(report)
+
+
+if __name__ == "__main__":
+  flags.DEFINE_string("output_dir", "bench_results", "Where results go.")
+  flags.DEFINE_string("scratch_dir", "/tmp/resnet_tpu_bench_eval",
+                      "Scratch model_dirs.")
+  flags.DEFINE_string("cache_dir", "/tmp/resnet_tpu_study_data",
+                      "Where the Fashion-MNIST subset is written once.")
+  flags.DEFINE_integer("num_train", 2560, "Training images.")
+  flags.DEFINE_integer("num_test", 10000, "Test images, all evaluated.")
+  flags.DEFINE_integer("batch", 256, "Global training batch.")
+  flags.DEFINE_integer("eval_batch", 1000, "Global evaluation batch.")
+  flags.DEFINE_integer("steps", 120, "Training steps per run.")
+  flags.DEFINE_integer("eval_every", 40, "Steps between evaluations.")
+  flags.DEFINE_integer("repetitions", 3, "Runs per variant, alternating.")
+  flags.DEFINE_integer("timeout_s", 900, "A run's limit in seconds.")
+  flags.DEFINE_bool("tiny", False, "Smoke-test sizes.")
+  flags.DEFINE_string("child", "", "Internal: run one sample of a variant.")
+  flags.DEFINE_string("child_data_dir", "", "Internal.")
+  flags.DEFINE_string("child_model_dir", "", "Internal.")
+  flags.DEFINE_string("child_result", "", "Internal.")
+  flags.DEFINE_string("child_setup", "{}", "Internal.")
+  app.run(main)
