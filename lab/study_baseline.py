@@ -3,9 +3,12 @@
 The same narrow ResNet-10 (lab/study_model.py, stock layers) trained by a
 plain `model.fit` on one device: the TFRecords read by tf.data, decoded
 and resized to the image size (no crop, a random flip), momentum SGD with
-the study's LR rule (0.1 per 256 images, linear warm-up then cosine decay,
-as Goyal et al. 2017 §2 and keras.optimizers.schedules.CosineDecay), L2
-weight decay in the loss, the same label smoothing, batch and steps.
+the project's LR rule read from the same config (cfg.optim's base LR per
+256 images, linear warm-up then cosine decay, as Goyal et al. 2017 §2 and
+keras.optimizers.schedules.CosineDecay), L2 weight decay in the loss, the
+same label smoothing, batch and steps. What it trained with is read back
+from the built optimizer, model and loss (lab/study_settings.py) and
+recorded as `trained_with`.
 Evaluation: plain resize of every test image. Nothing of the project's
 path (its input pipeline, zero-init gamma, distributed BN, its schedule
 code, its trainer) is used, so the comparison prices all of them at once.
@@ -17,6 +20,7 @@ import tensorflow as tf
 
 from resnet_tpu.config import TrainConfig
 from lab import study_model
+from lab import study_settings
 
 SHUFFLE_SEED_OFFSET = 1000
 EVALS = 4  # at each quarter of the run: the convergence check
@@ -45,13 +49,55 @@ def _dataset(cfg: TrainConfig, split: str, training: bool) -> tf.data.Dataset:
   return data.map(decode, tf.data.AUTOTUNE).batch(batch).prefetch(2)
 
 
+def peak_learning_rate(cfg: TrainConfig, batch: int) -> float:
+  """cfg's peak LR at `batch`: base_learning_rate * batch / 256 with
+  --learning_rate_scaling=linear, base_learning_rate with none (as the
+  project's EpochSchedule.peak)."""
+  optim = cfg.optim
+  if optim.learning_rate_scaling == "none":
+    return optim.base_learning_rate
+  if optim.learning_rate_scaling != "linear":
+    raise ValueError("The stock-Keras baseline has no --learning_rate_scaling"
+                     f"={optim.learning_rate_scaling}: linear or none.")
+  return optim.base_learning_rate * batch / 256
+
+
 def schedule(cfg: TrainConfig, steps: int, batch: int
              ) -> keras.optimizers.schedules.LearningRateSchedule:
-  """Linear warm-up to 0.1 * batch / 256, then cosine decay to 0."""
+  """Linear warm-up to cfg's peak LR, then cosine decay to 0."""
+  if cfg.optim.lr_schedule != "cosine":
+    raise ValueError("The stock-Keras baseline decays by cosine only; the "
+                     f"config has --lr_schedule={cfg.optim.lr_schedule}.")
   warmup = round(steps * cfg.optim.warmup_epochs / cfg.run.total_train_epochs)
   return keras.optimizers.schedules.CosineDecay(
-      0.0, max(1, steps - warmup), warmup_target=0.1 * batch / 256,
-      warmup_steps=warmup)
+      0.0, max(1, steps - warmup),
+      warmup_target=peak_learning_rate(cfg, batch), warmup_steps=warmup)
+
+
+def build(cfg: TrainConfig) -> keras.Model:
+  """The stock network compiled with cfg's optimizer, LR rule and loss."""
+  steps = cfg.run.total_train_steps
+  batch = cfg.run.clock.batch_size_schedule[-1][1]
+  model = study_model.stock_narrow_resnet(cfg.model.num_classes,
+                                          cfg.model.image_size,
+                                          cfg.optim.weight_decay)
+  model.compile(
+      optimizer=keras.optimizers.SGD(schedule(cfg, steps, batch),
+                                     momentum=cfg.optim.momentum,
+                                     nesterov=cfg.optim.nesterov),
+      loss=keras.losses.CategoricalCrossentropy(
+          from_logits=True, label_smoothing=cfg.optim.label_smoothing),
+      metrics=["accuracy"])
+  return model
+
+
+def trained_with(model: keras.Model, steps: int) -> dict:
+  """What the compiled stock model trains with, read back from it (call
+  before it trains: the init is read from its weights)."""
+  return {**study_settings.optimizer_settings(model.optimizer, steps),
+          **study_settings.model_settings(model),
+          **study_settings.stock_regularisation(model),
+          "label_smoothing": float(model.loss.label_smoothing)}
 
 
 class TrainTimer(keras.callbacks.Callback):
@@ -77,19 +123,13 @@ class TrainTimer(keras.callbacks.Callback):
 
 def fit(cfg: TrainConfig) -> dict:
   """Trains and evaluates the stock network at cfg's budget (momentum);
-  cfg's steps are a multiple of EVALS (study_plan.baseline_runs)."""
+  cfg's steps are a multiple of EVALS (study_plan.baseline_runs). The
+  record's `trained_with` is read back before training (trained_with)."""
   keras.utils.set_random_seed(cfg.run.seed)
   steps = cfg.run.total_train_steps
   batch = cfg.run.clock.batch_size_schedule[-1][1]
-  model = study_model.stock_narrow_resnet(cfg.model.num_classes,
-                                          cfg.model.image_size,
-                                          cfg.optim.weight_decay)
-  model.compile(
-      optimizer=keras.optimizers.SGD(schedule(cfg, steps, batch),
-                                     momentum=cfg.optim.momentum),
-      loss=keras.losses.CategoricalCrossentropy(
-          from_logits=True, label_smoothing=cfg.optim.label_smoothing),
-      metrics=["accuracy"])
+  model = build(cfg)
+  settings = trained_with(model, steps)
   quarter = steps // EVALS
   timer = TrainTimer()
   start = time.time()
@@ -99,7 +139,8 @@ def fit(cfg: TrainConfig) -> dict:
                       ).history
   seconds = time.time() - start
   at = [quarter * (i + 1) for i in range(EVALS)]
-  return {"top1": float(history["val_accuracy"][-1]),
+  return {"trained_with": settings,
+          "top1": float(history["val_accuracy"][-1]),
           "eval_loss": float(history["val_loss"][-1]),
           "train_loss": float(history["loss"][-1]),
           "train_steps": quarter * EVALS, "images": quarter * EVALS * batch,

@@ -35,6 +35,7 @@ from lab import study_baseline
 from lab import study_model
 from lab import study_plan
 from lab import study_report
+from lab import study_settings
 from lab import study_verdict
 from lab.study_data import StudyData
 
@@ -119,17 +120,23 @@ class Runner:
                                f"{self._count:03d}")
       shutil.rmtree(model_dir, ignore_errors=True)
     cfg = item.cfg.replace(model_dir=model_dir)
+    # What the project's path trains cfg with, read back (study_settings).
+    project_side = study_settings.project(cfg, study_model.narrow_resnet)
     start, cpu_start = time.time(), time.process_time()
     if item.path == "stock_keras":
+      check_same_settings(cfg, project_side)
       record = study_baseline.fit(cfg)
       record.update(top5=float("nan"), test_examples=self.data.num_test)
     else:
       compat.shift_collective_keys(tf.distribute.MirroredStrategy, 100000)
       run(cfg, model_fn=study_model.narrow_resnet)
       record = self._project_record(model_dir)
+      record["trained_with"] = project_side
       self._kept = (key, model_dir)
       if item.path == "recomputed":
         self.discard_checkpoints()
+    record["trained_with"] = study_settings.without_curve(
+        record["trained_with"])
     keras.backend.clear_session()
     gc.collect()
     largest = max(b for _, b in cfg.run.clock.batch_size_schedule)
@@ -307,6 +314,19 @@ class Runner:
     return (step, max(0.0, record["seconds"] - 2 * CALIBRATION_STEPS * step),
             record["cpu_seconds"] / record["seconds"],
             record.get("eval_seconds", 0.0))
+
+
+def check_same_settings(cfg: TrainConfig, project_side: dict) -> None:
+  """Raises ValueError, before the stock run trains, when the stock-Keras
+  side of `cfg` would train with other shared settings (study_settings.
+  SHARED) than the project's side read back as `project_side`."""
+  stock = study_baseline.trained_with(study_baseline.build(cfg),
+                                      cfg.run.total_train_steps)
+  differ = study_settings.differences(project_side, stock)
+  if differ:
+    raise ValueError("The stock-Keras baseline and the project's path would "
+                     "train with different settings (project, stock): "
+                     + "; ".join(differ))
 
 
 def evaluations(item: study_plan.Run) -> int:

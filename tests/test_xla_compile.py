@@ -54,7 +54,7 @@ def _lower_train_step(trainer, run=False) -> xla_compile.CompiledStep:
 
 def test_resnet18_float32_step_with_local_bn_lowers_to_hlo(tmp_path):
   trainer = _trainer(tmp_path, model_fn=None)  # build_model: ResNet-18
-  assert trainer.replica_step._decayed  # the L2 term is in the loss
+  assert trainer.replica_step.decayed  # the L2 term is in the loss
   compiled = _lower_train_step(trainer)
   assert compiled.hlo.startswith("HloModule")
   # 20 convs of ResNet-18 forward, and their backward convs.

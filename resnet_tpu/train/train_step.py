@@ -86,8 +86,11 @@ class ReplicaStep:
     self.num_replicas = num_replicas
     self.accumulators = list(accumulators)
     in_loss = optimizers.weight_decay_in_loss(cfg.optim.optimizer)
-    self._decayed = (decayed_variables(model)
-                     if in_loss and cfg.optim.weight_decay else [])
+    # The kernels under L2 weight decay in the loss, and the loss's label
+    # smoothing (what the step trains with, for lab/study_settings.py).
+    self.decayed = (decayed_variables(model)
+                    if in_loss and cfg.optim.weight_decay else [])
+    self.label_smoothing = cfg.optim.label_smoothing
     self.replica_local = moving_statistics.replica_local_statistics(model)
 
   def losses_and_hits(self, logits, labels):
@@ -98,7 +101,7 @@ class ReplicaStep:
     one_hot = tf.one_hot(labels, self.cfg.model.num_classes)
     per_example = keras.losses.categorical_crossentropy(
         one_hot, logits, from_logits=True,
-        label_smoothing=self.cfg.optim.label_smoothing)
+        label_smoothing=self.label_smoothing)
     top1 = tf.cast(tf.math.in_top_k(labels, logits, 1), tf.float32)
     top5 = tf.cast(tf.math.in_top_k(labels, logits, 5), tf.float32)
     return per_example * weight, top1 * weight, top5 * weight, weight
@@ -112,8 +115,8 @@ class ReplicaStep:
       scale = tf.cast(self.cfg.run.global_batch_size * micro_batches,
                       tf.float32)
       loss = tf.reduce_sum(per_example) / scale
-      if self._decayed:
-        l2 = tf.add_n([tf.nn.l2_loss(v) for v in self._decayed])
+      if self.decayed:
+        l2 = tf.add_n([tf.nn.l2_loss(v) for v in self.decayed])
         loss += (self.cfg.optim.weight_decay * l2 /
                  tf.cast(self.num_replicas * micro_batches, tf.float32))
     grads = tape.gradient(loss, self.model.trainable_variables)

@@ -1,0 +1,84 @@
+"""Both sides of the stock-Keras comparison train with one config's settings,
+read back from what each side built (lab/study_settings.py, issue 36)."""
+import pytest
+
+from lab import study_baseline
+from lab import study_data
+from lab import study_model
+from lab import study_plan
+from lab import study_runner
+from lab import study_settings
+
+
+@pytest.fixture(scope="module")
+def baseline_pair(tmp_path_factory):
+  """The smoke scale's baseline runs at lr's chosen momentum x2 (the case
+  the baseline once trained at half the LR it recorded)."""
+  folder = str(tmp_path_factory.mktemp("settings"))
+  data = study_data.StudyData(folder, 1000, 500, 10, "made up")
+  runner = study_runner.Runner(data, study_plan.SMOKE, folder, folder,
+                               "cpu", "")
+  runs = study_plan.baseline_runs(runner.base, study_plan.SMOKE,
+                                  {"momentum": 2.0})
+  stock = next(r for r in runs if r.path == "stock_keras")
+  cfg = stock.cfg.replace(model_dir=folder)
+  project = study_settings.project(cfg, study_model.narrow_resnet)
+  steps = cfg.run.total_train_steps
+  return cfg, project, study_baseline.trained_with(
+      study_baseline.build(cfg), steps)
+
+
+def test_both_sides_train_with_the_same_shared_settings(baseline_pair):
+  cfg, project, stock = baseline_pair
+  assert study_settings.differences(project, stock) == []
+  batch = cfg.run.global_batch_size
+  # The chosen rule: 2 x 0.1 per 256 images, on both sides.
+  assert cfg.optim.base_learning_rate == pytest.approx(0.2)
+  for side in (project, stock):
+    assert side["peak_learning_rate"] == pytest.approx(0.2 * batch / 256,
+                                                       rel=1e-3)
+    assert side["final_learning_rate"] < 0.05 * side["peak_learning_rate"]
+    assert side["momentum"] == cfg.optim.momentum
+    assert side["label_smoothing"] == cfg.optim.label_smoothing == 0.1
+    assert side["weight_decay"] == pytest.approx(cfg.optim.weight_decay)
+  # Every conv kernel and the head's kernel, on both sides.
+  assert project["decayed_kernels"] == stock["decayed_kernels"] > 10
+
+
+def test_the_features_that_differ_are_read_back_not_assumed(baseline_pair):
+  """What the comparison prices: the project's zero-init gamma, its conv
+  init (variance 1/fan_in against He's 2/fan_in) and BN settings."""
+  _, project, stock = baseline_pair
+  assert project["zero_gamma_bn_layers"] == 4  # each block's last BN
+  assert stock["zero_gamma_bn_layers"] == 0
+  assert project["bn_layers"] == stock["bn_layers"]
+  assert project["conv_init_gain"] == pytest.approx(1.0, rel=0.15)
+  assert stock["conv_init_gain"] == pytest.approx(2 ** 0.5, rel=0.15)
+  assert (project["bn_momentum"], project["bn_epsilon"]) == ([0.9], [1e-5])
+  assert (stock["bn_momentum"], stock["bn_epsilon"]) == ([0.99], [1e-3])
+
+
+def test_a_side_that_ignores_the_config_is_named_before_it_trains(
+    baseline_pair, monkeypatch):
+  """The old baseline: 0.1 per 256 images whatever the config says."""
+  cfg, project, _ = baseline_pair
+  monkeypatch.setattr(
+      study_baseline, "peak_learning_rate",
+      lambda cfg, batch: 0.1 * batch / 256)
+  with pytest.raises(ValueError, match="peak_learning_rate: "):
+    study_runner.check_same_settings(cfg, project)
+
+
+def test_differences_names_each_setting_with_both_values():
+  a = {"peak_learning_rate": 0.2, "warmup_steps": 10, "momentum": 0.9,
+       "nesterov": False, "weight_decay": 1e-4, "decayed_kernels": 12,
+       "label_smoothing": 0.1, "learning_rate_curve": [0.0, 0.1, 0.2, 0.1]}
+  assert study_settings.differences(a, dict(a)) == []
+  b = dict(a, momentum=0.95, warmup_steps=12, nesterov=True,
+           learning_rate_curve=[0.0, 0.1, 0.2, 0.15])
+  assert study_settings.differences(a, b) == [
+      "warmup_steps: 10 and 12",
+      "learning_rate_curve: differs by up to 0.05 at one step",
+      "momentum: 0.9 and 0.95", "nesterov: False and True"]
+  # A warm-up a step apart (epochs against steps) is the same rule.
+  assert study_settings.differences(a, dict(a, warmup_steps=11)) == []
