@@ -43,6 +43,31 @@ MODEL_KEYS = ("resnet_depth", "num_classes", "image_size", "bn_group_size",
               "bn_momentum", "bn_epsilon", "precision", "label_offset")
 
 
+# config.json's list of the changes deliberate resumes made.
+CHANGES_KEY = "config_changes"
+# Flags a resumed run may change without --allow_config_change: where the
+# files are and how the run is executed, never what it computes
+# (preflight.check_resume compares every other flag with config.json).
+FREE_ON_RESUME = frozenset({
+    "model_dir", "data_dir", "cache_dataset", "private_threadpool_size",
+    "parallel_interleave", "parallel_map", "fused_decode_crop", "prefetch",
+    "deterministic_input", "input_dtype", "on_corrupt_shard",
+    "bfloat16_conv_kernels", "strategy", "tpu", "num_cpu_replicas",
+    "bn_all_reduce", "gradient_all_reduce", "all_reduce_grid",
+    "tpu_device_assignment", "tpu_runtime", "log_topology",
+    "keep_host_memory", "collective_timeout_s", "cpu_onednn",
+    "eval_batch_size", "num_eval_images", "steps_per_loop",
+    "eval_every_steps", "checkpoint_every_steps", "checkpoint_every_minutes",
+    "keep_checkpoints", "export_dir", "skip_nonfinite_steps",
+    "allow_config_change"})
+
+
+def allowed_changes(cfg: "TrainConfig") -> list[str]:
+  """The flag names of --allow_config_change."""
+  return [n.strip().lstrip("-") for n in
+          cfg.run.allow_config_change.split(",") if n.strip()]
+
+
 class ConfigError(ValueError):
   """A user error in the flags, the data or the model_dir: main.py prints
   its message without a traceback."""
@@ -149,6 +174,7 @@ class RunConfig:
   batch_size_schedule: str = ""
   seed: int = 0
   export_dir: str = ""
+  allow_config_change: str = ""
 
   @property
   def clock(self) -> EpochClock:
@@ -380,6 +406,9 @@ def validate(cfg: TrainConfig, num_replicas: int | None = None) -> None:
   run, dist, optim = cfg.run, cfg.distribution, cfg.optim
   _check(bool(cfg.model_dir), "--model_dir is required.")
   _check_fields(cfg)
+  unknown = [n for n in allowed_changes(cfg) if n not in cfg.flat()]
+  _check(not unknown, f"--allow_config_change names {unknown}, which are not "
+         "flags of a run (e.g. --allow_config_change=global_batch_size).")
   parse_grid(dist.all_reduce_grid)
   _check(run.train_steps > 0 or run.train_epochs > 0,
          "Set --train_steps or --train_epochs (> 0).")
@@ -432,15 +461,27 @@ def validate_replicas(cfg: TrainConfig, num_replicas: int) -> None:
 # --- config.json -------------------------------------------------------------
 
 
-def write_config(cfg: TrainConfig, labels_file: str = "") -> str:
+def write_config(cfg: TrainConfig, labels_file: str = "",
+                 changes: dict | None = None) -> str:
   """Writes `<model_dir>/config.json`: every flag's value + labels_file.
 
-  The export and evaluation tools rebuild the network from it.
+  The export and evaluation tools rebuild the network from it. A resumed
+  run that changed flags deliberately (--allow_config_change) passes
+  `changes`, flag -> [value before, value now]: they are appended to the
+  record's `config_changes`, which keeps every earlier change.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  record = dict(cfg.flat(), labels_file=labels_file)
-  tf.io.gfile.makedirs(cfg.model_dir)
   path = os.path.join(cfg.model_dir, CONFIG_FILE)
+  history = []
+  if tf.io.gfile.exists(path):
+    with tf.io.gfile.GFile(path) as f:
+      history = json.load(f).get(CHANGES_KEY, [])
+  if changes:
+    history.append({"changed": changes})
+  record = dict(cfg.flat(), labels_file=labels_file)
+  if history:
+    record[CHANGES_KEY] = history
+  tf.io.gfile.makedirs(cfg.model_dir)
   with tf.io.gfile.GFile(path, "w") as f:
     f.write(json.dumps(record, indent=2, sort_keys=True) + "\n")
   return path

@@ -15,6 +15,10 @@ and the model_dir are opened:
   logged as a warning: the fused decode-and-crop saves nothing on it.
 * `check_model_dir`: a model_dir that already holds checkpoints must have
   been written by the same network (its config.json, config.write_config).
+* `check_resume`: a resumed run keeps every flag that shapes what it
+  computes (batch, schedule, length, seed, data and model settings): a
+  change stops it, naming each flag's old and new value, unless
+  --allow_config_change names the flag; config.json then records it.
 * `check_manifest`: every file's size must match manifest.json, when the
   data has one (resnet_tpu/inputs/manifest.py), so a truncated copy fails in
   O(files) stats instead of losing records every epoch.
@@ -41,8 +45,10 @@ from resnet_tpu.inputs import manifest
 from resnet_tpu.inputs import shard_audit
 from resnet_tpu.optim import schedules
 from resnet_tpu.runtime import process_setup
+from resnet_tpu.config import allowed_changes
 from resnet_tpu.config import CONFIG_FILE
 from resnet_tpu.config import ConfigError
+from resnet_tpu.config import FREE_ON_RESUME
 from resnet_tpu.config import TrainConfig
 
 # config.json keys that decide which variables a checkpoint holds.
@@ -155,6 +161,40 @@ def check_model_dir(cfg: TrainConfig) -> None:
         f"--model_dir={cfg.model_dir!r} holds checkpoints of another "
         f"network ({'; '.join(differ)}). Use a new --model_dir to start "
         "over, or the same flags to resume.")
+
+
+def check_resume(cfg: TrainConfig) -> dict[str, list]:
+  """Compares a resumed run's flags with its model_dir's config.json.
+
+  Call it on the resolved config (resolve: the epoch length from the data).
+  Returns the deliberate changes, flag -> [value there, value here], for
+  config.write_config to record; raises ConfigError naming every other
+  flag outside config.FREE_ON_RESUME that differs. A model_dir without a
+  checkpoint is a fresh start: nothing to compare.
+  """
+  path = os.path.join(cfg.model_dir, CONFIG_FILE)
+  if not (tf.train.latest_checkpoint(cfg.model_dir) and
+          tf.io.gfile.exists(path)):
+    return {}
+  with tf.io.gfile.GFile(path) as f:
+    found = json.load(f)
+  allowed = set(allowed_changes(cfg))
+  changed = {key: [found[key], value] for key, value in cfg.flat().items()
+             if key not in FREE_ON_RESUME and key in found
+             and found[key] != value}
+  refused = [f"--{key}={old!r} there, {new!r} here"
+             for key, (old, new) in changed.items() if key not in allowed]
+  if refused:
+    names = ",".join(k for k in changed if k not in allowed)
+    raise ConfigError(
+        f"--model_dir={cfg.model_dir!r} holds a run trained with other "
+        f"settings: {'; '.join(refused)}. Resume with the same flags, start "
+        f"over in a new --model_dir, or change them deliberately with "
+        f"--allow_config_change={names} (config.json records the change).")
+  for key, (old, new) in changed.items():
+    logging.warning("Resuming with --%s changed from %r to %r "
+                    "(--allow_config_change).", key, old, new)
+  return changed
 
 
 def _manifest_mismatches(data_dir: str, split: str, found: Sequence[str],

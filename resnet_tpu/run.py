@@ -65,6 +65,7 @@ def run(cfg: TrainConfig, model_fn: ModelFn | None = None,
     preflight.check_data_dir(cfg, files)
     preflight.check_manifest(cfg, files)
   cfg = preflight.resolve(cfg, files)
+  changes = preflight.check_resume(cfg)
   optim = cfg.optim
   schedules.validate_schedule(optim.lr_schedule, optim.warmup_epochs,
                               cfg.run.total_train_epochs,
@@ -88,7 +89,8 @@ def run(cfg: TrainConfig, model_fn: ModelFn | None = None,
                     bn_groups=distribution.bn_groups,
                     loop_callback=loop_callback)
   if trainer.chief:
-    config_lib.write_config(cfg, export.labels_file(cfg.input.data_dir))
+    config_lib.write_config(cfg, export.labels_file(cfg.input.data_dir),
+                            changes)
   result = train(cfg, trainer, files)
   if cfg.run.export_dir and trainer.chief:
     export.export_saved_model(cfg.model_dir, cfg.run.export_dir)
