@@ -1,6 +1,8 @@
 """Trains ResNet on ImageNet-format TFRecords: `python main.py --flagfile=...`.
 
 Flags are defined in resnet_tpu/flags.py; see README.md for the reference.
+tensorflow/tpu's --train_batch_size, --iterations_per_loop, --steps_per_eval
+and --num_label_classes are accepted as aliases.
 Exit codes: 0 done, 42 preempted (SIGTERM; a checkpoint was written, run the
 same command to resume), 43 another worker was lost (restart all workers),
 1 any error (a user error prints its message without a traceback).
@@ -23,6 +25,10 @@ from resnet_tpu.runtime import tpu_runtime
 
 resnet_flags.define_flags()
 FLAGS = flags.FLAGS
+# --help lists the training flags by config part (absl lists only the flags
+# main.py defines itself); `%` is escaped for absl's usage formatting.
+__doc__ += ("\nTraining flags:\n"
+            + resnet_flags.grouped_help(FLAGS).replace("%", "%%"))
 
 
 def set_up_process() -> tuple[str, str]:

@@ -152,10 +152,31 @@ HELP = {
                   "TensorFlow's default), on or off. A "
                   "TF_ENABLE_ONEDNN_OPTS you set wins "
                   "(resnet_tpu/runtime/process_setup.py).",
+    "allow_config_change": "Comma-separated flags a resumed run may "
+                           "change from the model_dir's config.json (e.g. "
+                           "global_batch_size,train_epochs); any other "
+                           "change of what the run computes stops it. "
+                           "config.json records each change.",
     "export_dir": "Write a serving SavedModel of the final checkpoint "
                   "here (python -m tools.export_savedmodel); empty = no "
                   "export.",
 }
+
+# tensorflow/tpu's names (models/official/resnet/resnet_main.py) for flags
+# with the same meaning here; its other shared flags have our names already
+# (train_steps, eval_batch_size, base_learning_rate, momentum, precision,
+# resnet_depth, data_dir, model_dir, export_dir, tpu, num_train_images,
+# num_eval_images, label_smoothing, weight_decay).
+TPU_ALIASES = {"train_batch_size": "global_batch_size",
+               "iterations_per_loop": "steps_per_loop",
+               "steps_per_eval": "eval_every_steps",
+               "num_label_classes": "num_classes"}
+# The config part each flag belongs to, as --help groups them.
+PART_TITLES = {"input": "Input pipeline (Ying et al. §3.2)",
+               "model": "Network and batch normalization",
+               "optim": "Optimizer, learning rate and loss",
+               "distribution": "Replicas, collectives and devices",
+               "run": "Batches, length, cadence, resume and export"}
 
 # String choices become enum flags (resnet_depth stays an integer flag).
 _ENUMS = {name: choices for name, choices in CHOICES.items()
@@ -183,6 +204,28 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     else:
       flags.DEFINE_string(name, default, help_text,
                           flag_values=flag_values)
+  for alias, name in TPU_ALIASES.items():
+    flags.DEFINE_alias(alias, name, flag_values=flag_values)
+
+
+def grouped_help(flag_values: flags.FlagValues = flags.FLAGS) -> str:
+  """Every training flag with its default and help, grouped by the config
+  part it fills (main.py's --help)."""
+  lines = []
+  parts = {"run": ["model_dir"]}
+  for name, (part, _) in FLAG_FIELDS.items():
+    parts.setdefault(part, []).append(name)
+  aliases = {name: alias for alias, name in TPU_ALIASES.items()}
+  for part, title in PART_TITLES.items():
+    lines.append(f"\n{title} ({part}):")
+    for name in parts[part]:
+      flag = flag_values[name]
+      also = (f" (also --{aliases[name]}, as tensorflow/tpu)"
+              if name in aliases else "")
+      lines.append(flags.text_wrap(
+          f"--{name}: {flag.help}{also} (default: {flag.default!r})",
+          indent="      ", firstline_indent="  "))
+  return "\n".join(lines) + "\n"
 
 
 def config_from_flags(flag_values: flags.FlagValues) -> TrainConfig:
