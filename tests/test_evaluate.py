@@ -1,4 +1,5 @@
 """Specification of tools/evaluate.py on the export of a real training run."""
+import csv
 import json
 import logging
 import os
@@ -6,6 +7,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -116,3 +118,74 @@ def test_bad_paths_give_clear_errors(trained, tmp_path):
   with pytest.raises(ValueError, match="--batch_size must be >= 1"):
     evaluate.evaluate(trained.run.export_dir, trained.input.data_dir,
                       batch_size=0)
+
+
+def test_per_class_results_and_confusion_matrix_add_up(trained, tmp_path):
+  out = tmp_path / "per_class"
+  result = evaluate.evaluate(trained.run.export_dir, trained.input.data_dir,
+                             batch_size=5, output_dir=str(out))
+  rows = json.loads((out / "per_class.json").read_text())
+  names = [r["name"] for r in rows]
+  # synsets.txt's names, in class order (make_synthetic's class folders).
+  assert names == sorted(os.listdir(
+      os.path.join(os.path.dirname(trained.input.data_dir), "images",
+                   "validation")))
+  assert [r["examples"] for r in rows] == [VALIDATION_PER_CLASS] * CLASSES
+  hits = sum(r["top1"] * r["examples"] for r in rows)
+  assert hits == pytest.approx(result["top1"] * result["examples"])
+  with open(out / "confusion_matrix.csv") as f:
+    table = list(csv.reader(f))
+  assert table[0][1:] == names and [r[0] for r in table[1:]] == names
+  matrix = np.array([[int(v) for v in r[1:]] for r in table[1:]])
+  assert matrix.sum() == result["examples"]
+  assert np.trace(matrix) == round(hits)
+  assert (out / "confusion_matrix.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_checkpoint_evaluates_as_its_export(trained):
+  """--model_dir: the checkpoint's serving functions, built in memory."""
+  from_export = evaluate.evaluate(trained.run.export_dir,
+                                  trained.input.data_dir)
+  served = evaluate.served_checkpoint(trained.model_dir)
+  assert evaluate.evaluate("", trained.input.data_dir,
+                           served=served) == from_export
+  with pytest.raises(ValueError, match="--checkpoint=.* is not a checkpoint"):
+    evaluate.served_checkpoint(trained.model_dir, "nope/ckpt-1")
+
+
+def test_predict_prints_the_top_5_with_class_names(trained, tmp_path):
+  from tools import predict
+  folder = os.path.join(os.path.dirname(trained.input.data_dir), "images",
+                        "validation")
+  first_class = sorted(os.listdir(folder))[0]
+  photos = os.path.join(folder, first_class)
+  broken = tmp_path / "broken.jpg"
+  broken.write_bytes(b"not a jpeg")
+  output = tmp_path / "predictions.json"
+  result = subprocess.run(
+      [sys.executable, "-m", "tools.predict",
+       f"--saved_model={trained.run.export_dir}", f"--json_output={output}",
+       photos, str(broken)],
+      cwd=REPO, text=True, capture_output=True, timeout=120)
+  assert result.returncode == 0, result.stderr[-3000:]
+  predictions = json.loads(output.read_text())
+  jpegs = sorted(os.listdir(photos))
+  assert [p["path"] for p in predictions] == [
+      os.path.join(photos, n) for n in jpegs] + [str(broken)]
+  assert "error" in predictions[-1] and "1 of" in result.stderr
+  served = evaluate.served_export(trained.run.export_dir)
+  for prediction in predictions[:-1]:
+    top = prediction["top"]
+    assert len(top) == min(5, CLASSES)
+    assert [t["name"] for t in top] == [served.names[t["class"]]
+                                        for t in top]
+    probabilities = [t["probability"] for t in top]
+    assert probabilities == sorted(probabilities, reverse=True)
+    assert sum(probabilities) == pytest.approx(1.0, abs=1e-5)
+    # The same image through serve_jpeg directly.
+    with open(prediction["path"], "rb") as f:
+      direct = served.serve_jpeg(image_bytes=tf.constant([f.read()]))
+    assert top[0]["class"] == int(tf.argmax(direct["probabilities"][0]))
+    assert f"1. {top[0]['name']}" in result.stdout
+  with pytest.raises(ValueError, match="does not exist"):
+    predict.image_paths([str(tmp_path / "missing.jpg")])
