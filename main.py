@@ -5,7 +5,8 @@ tensorflow/tpu's --train_batch_size, --iterations_per_loop, --steps_per_eval
 and --num_label_classes are accepted as aliases.
 Exit codes: 0 done, 42 preempted (SIGTERM; a checkpoint was written, run the
 same command to resume), 43 another worker was lost (restart all workers),
-1 any error (a user error prints its message without a traceback).
+1 any error (a user error, or storage that fails while writing, prints one
+line without a traceback).
 
 TensorFlow loads only after `set_up_process` has decided the strategy kind
 and chosen its C++ log level, CPU kernels and TPU runtime
@@ -57,6 +58,7 @@ def main(argv: list[str], model_fn=None) -> None:
 
   from resnet_tpu.runtime import cpu_kernels
   from resnet_tpu.train import preemption
+  from resnet_tpu.train.storage import StorageError
   from resnet_tpu.run import run
   # pylint: enable=g-import-not-at-top
   logging.info("CPU kernels: %s; TensorFlow runs oneDNN's: %s", chosen,
@@ -66,7 +68,7 @@ def main(argv: list[str], model_fn=None) -> None:
   cfg = resnet_flags.config_from_flags(FLAGS).replace(strategy=kind)
   try:
     result = run(cfg, model_fn=model_fn)
-  except ConfigError as error:  # a user error: its message, no traceback
+  except (ConfigError, StorageError) as error:  # one line, no traceback
     sys.exit(f"main.py: error: {error}")
   except preemption.Restartable as stop:
     logging.warning("%s", stop)

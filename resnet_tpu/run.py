@@ -19,6 +19,7 @@ from resnet_tpu.config import TrainConfig
 from resnet_tpu.parallel.strategy import configure_cpu_replicas
 from resnet_tpu.parallel.strategy import create_strategy
 from resnet_tpu.parallel.strategy import Distribution
+from resnet_tpu.train import storage
 from resnet_tpu.train.trainer import LoopCallback
 from resnet_tpu.train.trainer import ModelFn
 from resnet_tpu.train.trainer import Trainer
@@ -89,11 +90,15 @@ def run(cfg: TrainConfig, model_fn: ModelFn | None = None,
                     bn_groups=distribution.bn_groups,
                     loop_callback=loop_callback)
   if trainer.chief:
-    config_lib.write_config(cfg, export.labels_file(cfg.input.data_dir),
-                            changes)
+    storage.written(
+        "config.json", cfg.model_dir, cfg.model_dir,
+        lambda: config_lib.write_config(
+            cfg, export.labels_file(cfg.input.data_dir), changes))
   result = train(cfg, trainer, files)
   if cfg.run.export_dir and trainer.chief:
-    export.export_saved_model(cfg.model_dir, cfg.run.export_dir)
+    storage.written(
+        "the export", cfg.run.export_dir, cfg.model_dir,
+        lambda: export.export_saved_model(cfg.model_dir, cfg.run.export_dir))
   return result
 
 

@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from resnet_tpu.config import ConfigError
 from resnet_tpu.config import TrainConfig
+from resnet_tpu.train import storage
 
 DAMAGED_DIR = "damaged"
 # Error codes of a filesystem that may pass: retried, never taken for
@@ -37,8 +38,9 @@ TRANSIENT_CODES = frozenset({
 # magic number)") as UNKNOWN.
 DAMAGE_CODES = frozenset({tf.errors.DATA_LOSS, tf.errors.NOT_FOUND,
                           tf.errors.OUT_OF_RANGE, tf.errors.UNKNOWN})
-# Seconds between the attempts at a read that failed with a TRANSIENT_ERROR.
-RETRY_DELAYS_S = (1.0, 4.0, 15.0, 60.0)
+# Seconds between the attempts at a read that failed with a TRANSIENT_ERROR
+# (and at a save: storage.py).
+RETRY_DELAYS_S = storage.RETRY_DELAYS_S
 
 
 class CheckpointUnavailable(ConfigError):
@@ -128,7 +130,12 @@ class Checkpoints:
     return tf.train.latest_checkpoint(self.cfg.model_dir)
 
   def save(self) -> str:
-    path = self.manager.save(checkpoint_number=self.optimizer.iterations)
+    """Saves a checkpoint; storage.StorageError when it cannot be written
+    (the previous checkpoint stays the latest)."""
+    path = storage.written(
+        "a checkpoint", self.directory, self.cfg.model_dir,
+        lambda: self.manager.save(checkpoint_number=self.optimizer.iterations),
+        self.retry_delays_s)
     if self.chief:
       logging.info("Saved checkpoint %s", path)
     return path

@@ -8,6 +8,8 @@ import os
 
 import tensorflow as tf
 
+from resnet_tpu.train import storage
+
 REQUIRED_KEYS = ("step", "split", "loss", "top1", "top5", "examples",
                  "images_per_sec", "elapsed_s")
 
@@ -35,6 +37,10 @@ class MetricsLog:
       raise ValueError(f"metrics record lacks {missing}: {record}")
     if not self.enabled:
       return
+    storage.written("a metrics record", self.path, self._model_dir,
+                    lambda: self._append(record))
+
+  def _append(self, record: dict) -> None:
     with tf.io.gfile.GFile(self.path, "a") as f:
       f.write(json.dumps(record) + "\n")
     with self._writer(record["split"]).as_default(step=record["step"]):
@@ -57,8 +63,10 @@ class MetricsLog:
     return len(records) - len(kept)
 
   def flush(self) -> None:
-    for writer in self._writers.values():
-      writer.flush()
+    for split, writer in self._writers.items():
+      storage.written("TensorBoard summaries",
+                      os.path.join(self._model_dir, split), self._model_dir,
+                      writer.flush)
 
 
 def read_metrics(model_dir: str) -> list[dict]:
