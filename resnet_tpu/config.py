@@ -59,7 +59,7 @@ FREE_ON_RESUME = frozenset({
     "eval_batch_size", "num_eval_images", "steps_per_loop",
     "eval_every_steps", "checkpoint_every_steps", "checkpoint_every_minutes",
     "keep_checkpoints", "export_dir", "skip_nonfinite_steps",
-    "allow_config_change"})
+    "allow_config_change", "profile_steps"})
 
 
 def allowed_changes(cfg: "TrainConfig") -> list[str]:
@@ -175,6 +175,15 @@ class RunConfig:
   seed: int = 0
   export_dir: str = ""
   allow_config_change: str = ""
+  profile_steps: str = ""
+
+  @property
+  def profile_range(self) -> tuple[int, int] | None:
+    """--profile_steps "a,b" as (a, b); None when off (validate checks)."""
+    if not self.profile_steps:
+      return None
+    first, last = (int(v) for v in self.profile_steps.split(","))
+    return first, last
 
   @property
   def clock(self) -> EpochClock:
@@ -406,6 +415,12 @@ def validate(cfg: TrainConfig, num_replicas: int | None = None) -> None:
   run, dist, optim = cfg.run, cfg.distribution, cfg.optim
   _check(bool(cfg.model_dir), "--model_dir is required.")
   _check_fields(cfg)
+  profile = run.profile_steps.split(",") if run.profile_steps else []
+  _check(not profile or (len(profile) == 2 and all(
+      p.strip().isdigit() for p in profile) and
+      0 < int(profile[0]) <= int(profile[1])),
+         f"--profile_steps must be 'first,last' steps with 0 < first <= "
+         f"last (e.g. 10,20), got {run.profile_steps!r}.")
   unknown = [n for n in allowed_changes(cfg) if n not in cfg.flat()]
   _check(not unknown, f"--allow_config_change names {unknown}, which are not "
          "flags of a run (e.g. --allow_config_change=global_batch_size).")

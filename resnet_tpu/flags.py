@@ -157,6 +157,10 @@ HELP = {
                            "global_batch_size,train_epochs); any other "
                            "change of what the run computes stops it. "
                            "config.json records each change.",
+    "profile_steps": "first,last: write a TensorBoard profile of the host "
+                     "loops that run these steps into the model_dir "
+                     "(TensorBoard's Profile tab, with "
+                     "tensorboard-plugin-profile); '' = off.",
     "export_dir": "Write a serving SavedModel of the final checkpoint "
                   "here (python -m tools.export_savedmodel); empty = no "
                   "export.",

@@ -22,6 +22,7 @@ from resnet_tpu.train import cadence
 from resnet_tpu.train import iterators
 from resnet_tpu.train import loop_report
 from resnet_tpu.train import preemption
+from resnet_tpu.train.profiling import StepProfiler
 from resnet_tpu.model.bn_recompute import BNStatisticsRecomputer
 from resnet_tpu.train.checkpointing import check_workers_agree
 from resnet_tpu.train.checkpointing import Checkpoints
@@ -92,6 +93,7 @@ class Trainer:
     self._start_time = time.time()
     self._faults = None
     self._eval_input: iterators.EvalInput | None = None
+    self.profiler = StepProfiler(cfg.run.profile_range, cfg.model_dir)
 
   @property
   def step(self) -> int:
@@ -210,6 +212,7 @@ class Trainer:
       del train_iter
       iterators.release(owned)
       self.close_inputs()
+      self.profiler.stop()
 
   def _positioned_input(self, dataset_fn: DatasetFn,
                         resume_dataset_fn: Callable[[int], DatasetFn] | None
@@ -246,9 +249,11 @@ class Trainer:
       n = min(cfg.run.steps_per_loop, next_phase - step,
               eval_every - step % eval_every, ckpt_every - step % ckpt_every)
       micro_batches = self.accumulation_steps(step)
+      self.profiler.before_loop(step, n)
       t0 = time.time()
       result = self._host_loop(train_iter, n, micro_batches)
       seconds = time.time() - t0
+      self.profiler.after_loop(step + n)
       loop_report.check_finite(result, step, n, cfg.optim.skip_nonfinite_steps,
                                self.checkpoints.latest)
       step = self.step

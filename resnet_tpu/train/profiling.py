@@ -1,0 +1,41 @@
+"""--profile_steps: a TensorBoard profile of chosen training steps.
+
+TPU users tune input-bound steps in TensorBoard's Profile tab (trace viewer,
+input-pipeline analysis). The profiler starts before the host loop that
+runs the first step of the range and stops after the loop that runs its
+last, so the profile holds whole host loops (--steps_per_loop steps each).
+It writes `<model_dir>/plugins/profile/<date>/<host>.xplane.pb`, which
+`tensorboard --logdir <model_dir>` shows with tensorboard-plugin-profile.
+"""
+from absl import logging
+import tensorflow as tf
+
+
+class StepProfiler:
+  """Starts and stops tf.profiler around the host loops of a step range."""
+
+  def __init__(self, steps: tuple[int, int] | None, logdir: str):
+    self.steps, self.logdir = steps, logdir
+    self.running = False
+
+  def before_loop(self, step: int, num_steps: int) -> None:
+    """Called before a host loop running steps step+1 .. step+num_steps."""
+    if (self.steps and not self.running and
+        step < self.steps[1] and step + num_steps >= self.steps[0]):
+      tf.profiler.experimental.start(self.logdir)
+      self.running = True
+      logging.info("Profiling from step %d (--profile_steps=%d,%d) into %s",
+                   step + 1, *self.steps, self.logdir)
+
+  def after_loop(self, step: int) -> None:
+    """Called after a host loop that ended at `step`."""
+    if self.running and step >= self.steps[1]:
+      self.stop()
+      logging.info("Profile written up to step %d; open it with "
+                   "`tensorboard --logdir %s` (Profile tab).", step,
+                   self.logdir)
+
+  def stop(self) -> None:
+    if self.running:
+      tf.profiler.experimental.stop()
+      self.running = False
