@@ -59,7 +59,7 @@ FREE_ON_RESUME = frozenset({
     "eval_batch_size", "num_eval_images", "steps_per_loop",
     "eval_every_steps", "checkpoint_every_steps", "checkpoint_every_minutes",
     "keep_checkpoints", "export_dir", "skip_nonfinite_steps",
-    "allow_config_change", "profile_steps"})
+    "allow_config_change", "profile_steps", "init_checkpoint"})
 
 
 def allowed_changes(cfg: "TrainConfig") -> list[str]:
@@ -176,6 +176,7 @@ class RunConfig:
   export_dir: str = ""
   allow_config_change: str = ""
   profile_steps: str = ""
+  init_checkpoint: str = ""
 
   @property
   def profile_range(self) -> tuple[int, int] | None:

@@ -161,6 +161,12 @@ HELP = {
                      "loops that run these steps into the model_dir "
                      "(TensorBoard's Profile tab, with "
                      "tensorboard-plugin-profile); '' = off.",
+    "init_checkpoint": "Fine-tune: start a new run from the network "
+                       "weights of this model_dir's latest checkpoint or "
+                       "this checkpoint prefix (local or gs://); the "
+                       "classifier too when --num_classes matches. The "
+                       "optimizer, step and input start afresh; ignored "
+                       "when --model_dir already holds a checkpoint.",
     "export_dir": "Write a serving SavedModel of the final checkpoint "
                   "here (python -m tools.export_savedmodel); empty = no "
                   "export.",

@@ -20,6 +20,7 @@ from resnet_tpu.parallel.strategy import configure_cpu_replicas
 from resnet_tpu.parallel.strategy import create_strategy
 from resnet_tpu.parallel.strategy import Distribution
 from resnet_tpu.train import storage
+from resnet_tpu import warm_start
 from resnet_tpu.train.trainer import LoopCallback
 from resnet_tpu.train.trainer import ModelFn
 from resnet_tpu.train.trainer import Trainer
@@ -67,6 +68,12 @@ def run(cfg: TrainConfig, model_fn: ModelFn | None = None,
     preflight.check_manifest(cfg, files)
   cfg = preflight.resolve(cfg, files)
   changes = preflight.check_resume(cfg)
+  # Fine-tuning: a run that has no checkpoint yet starts from another's.
+  fine_tune = bool(cfg.run.init_checkpoint and
+                   not tf.train.latest_checkpoint(cfg.model_dir))
+  if fine_tune:
+    warm_start.check_compatible(
+        cfg, warm_start.find_source(cfg.run.init_checkpoint))
   optim = cfg.optim
   schedules.validate_schedule(optim.lr_schedule, optim.warmup_epochs,
                               cfg.run.total_train_epochs,
@@ -89,6 +96,8 @@ def run(cfg: TrainConfig, model_fn: ModelFn | None = None,
   trainer = Trainer(cfg, strategy, model_fn=model_fn,
                     bn_groups=distribution.bn_groups,
                     loop_callback=loop_callback)
+  if fine_tune:
+    warm_start.warm_start(cfg, trainer.model, model_fn)
   if trainer.chief:
     storage.written(
         "config.json", cfg.model_dir, cfg.model_dir,

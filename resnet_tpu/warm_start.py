@@ -1,0 +1,126 @@
+"""Fine-tuning: a new run starts from another run's network weights.
+
+--init_checkpoint names a model_dir (its latest checkpoint) or a checkpoint
+prefix in one, local or gs://. Only the network's weights are taken: the
+backbone's convolutions, BN scales, offsets and moving statistics, and the
+classifier when the number of classes is the same. The optimizer state, the
+step and the input position start afresh, as in tensorflow/models'
+fine-tuning (`init_checkpoint`) and Goyal et al.'s transfer experiments.
+With another --num_classes the classifier keeps its fresh initialisation.
+
+The source network is rebuilt from the config.json beside the checkpoint
+and restored completely, then copied layer by layer, in order, into the
+run's network (under any strategy and BN group size: replica-local moving
+statistics get the same values on every replica). A network of another
+depth or layout is refused before start-up, naming both sides.
+"""
+import dataclasses
+import os
+from typing import Callable
+
+from absl import logging
+import keras
+import tensorflow as tf
+
+from resnet_tpu import config as config_lib
+from resnet_tpu import export
+from resnet_tpu.config import ConfigError
+from resnet_tpu.config import TrainConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+  """The checkpoint --init_checkpoint names and its run's config.json."""
+  checkpoint: str
+  config: dict
+
+
+def find_source(init_checkpoint: str) -> Source:
+  """Resolves --init_checkpoint; ConfigError when it is not a checkpoint of
+  a run (no checkpoint, no config.json beside it)."""
+  if tf.io.gfile.isdir(init_checkpoint):
+    model_dir = init_checkpoint
+    path = tf.train.latest_checkpoint(model_dir)
+    if not path:
+      raise ConfigError(f"--init_checkpoint={init_checkpoint!r} holds no "
+                        "checkpoint (a run's model_dir or a checkpoint "
+                        "prefix such as <model_dir>/ckpt-1000).")
+  else:
+    model_dir, path = os.path.dirname(init_checkpoint), init_checkpoint
+    if not tf.io.gfile.exists(path + ".index"):
+      raise ConfigError(f"--init_checkpoint={init_checkpoint!r} is neither "
+                        f"a folder nor a checkpoint prefix ({path}.index "
+                        "does not exist).")
+  try:
+    record = config_lib.read_config(model_dir)
+  except ConfigError as error:
+    raise ConfigError(f"--init_checkpoint={init_checkpoint!r}: {error}") \
+        from None
+  return Source(path, record)
+
+
+def check_compatible(cfg: TrainConfig, source: Source) -> None:
+  """Raises ConfigError when the source network cannot seed this one."""
+  mine = cfg.flat()
+  differ = [f"--{key}={source.config[key]} there, {mine[key]} here"
+            for key in ("resnet_depth", "image_size")
+            if source.config.get(key) != mine[key]]
+  if differ:
+    raise ConfigError(
+        f"--init_checkpoint={source.checkpoint!r} is another network "
+        f"({'; '.join(differ)}); fine-tuning keeps the depth and the image "
+        "size of the network it starts from.")
+
+
+def _weighted(model: keras.Model) -> list[keras.layers.Layer]:
+  return [layer for layer in model.layers if layer.weights]
+
+
+def copy_weights(source: keras.Model, target: keras.Model) -> list[str]:
+  """Copies every layer's weights from `source` into `target`, in order;
+  the last layer (the classifier) only when its shapes match. Returns the
+  names of the layers left as initialised; ConfigError names a layer whose
+  weights differ in number or shape."""
+  theirs, mine = _weighted(source), _weighted(target)
+  if len(theirs) != len(mine):
+    raise ConfigError(
+        f"The checkpoint's network has {len(theirs)} layers with weights, "
+        f"this run's {len(mine)}: not the same network.")
+  kept = []
+  for index, (src, dst) in enumerate(zip(theirs, mine)):
+    shapes = ([tuple(w.shape) for w in src.weights],
+              [tuple(w.shape) for w in dst.weights])
+    if shapes[0] != shapes[1]:
+      if index == len(mine) - 1:  # the classifier of another class count
+        kept.append(dst.name)
+        continue
+      raise ConfigError(
+          f"Layer {dst.name} has weights of shapes {shapes[1]} here, "
+          f"{shapes[0]} in the checkpoint ({src.name}).")
+    for s, d in zip(src.weights, dst.weights):
+      d.assign(tf.cast(s, d.dtype))
+  return kept
+
+
+def warm_start(cfg: TrainConfig, target: keras.Model,
+               build: Callable[[TrainConfig], keras.Model] | None = None
+               ) -> None:
+  """Sets `target`'s weights from cfg's --init_checkpoint (see above);
+  `build` builds the source network from its config (default: the
+  ResNet builder, as the export does)."""
+  source = find_source(cfg.run.init_checkpoint)
+  check_compatible(cfg, source)
+  source_cfg = export.config_from_record(source.config)
+  if build is None:
+    network = export.restore_inference_model(source.config,
+                                             source.checkpoint)
+  else:
+    network = build(source_cfg.replace(precision="float32"))
+    tf.train.Checkpoint(model=network).restore(
+        source.checkpoint).expect_partial().assert_existing_objects_matched()
+  fresh = copy_weights(network, target)
+  logging.info("Fine-tuning from %s: network weights restored%s; optimizer, "
+               "step and input start afresh.", source.checkpoint,
+               f", {', '.join(fresh)} freshly initialised "
+               f"({source.config['num_classes']} classes there, "
+               f"{cfg.model.num_classes} here)" if fresh else "")

@@ -1,0 +1,94 @@
+"""--init_checkpoint: a new run starts from another run's network weights,
+with a fresh classifier for another class count (resnet_tpu/warm_start.py,
+issue 37)."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import cpu_strategy
+from resnet_tpu import run as run_lib
+from resnet_tpu import warm_start
+from resnet_tpu.config import ConfigError
+from resnet_tpu.config import TrainConfig
+from resnet_tpu.train.trainer import Trainer
+
+CLASSES = 4
+
+
+def _config(model_dir, **overrides) -> TrainConfig:
+  return TrainConfig.tiny(str(model_dir), **{
+      "use_synthetic_data": True, "num_classes": CLASSES, "resnet_depth": 18,
+      "image_size": 32, "train_steps": 2, "steps_per_loop": 2,
+      "global_batch_size": 8, "num_train_images": 32, **overrides})
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+  """A ResNet-18 trained 2 steps (its BN statistics moved from 0 and 1)."""
+  cfg = _config(tmp_path_factory.mktemp("pretrained"))
+  run_lib.run(cfg)
+  trainer = Trainer(cfg, cpu_strategy(1))
+  trainer.restore()
+  return cfg, [v.numpy() for v in trainer.model.weights]
+
+
+def _fresh(cfg):
+  trainer = Trainer(cfg, cpu_strategy(2))
+  warm_start.warm_start(cfg, trainer.model)
+  return trainer
+
+
+def test_the_backbone_and_its_statistics_come_from_the_checkpoint(
+    pretrained, tmp_path):
+  source_cfg, source = pretrained
+  cfg = _config(tmp_path, num_classes=7, bn_group_size=2,
+                init_checkpoint=source_cfg.model_dir)
+  trainer = _fresh(cfg)
+  mine = trainer.model.weights
+  assert len(mine) == len(source)
+  for theirs, var in zip(source[:-2], mine[:-2]):  # all but the classifier
+    np.testing.assert_array_equal(var.numpy(), theirs, err_msg=var.path)
+  assert any("moving_mean" in v.path and np.any(v.numpy() != 0)
+             for v in mine)
+  kernel, bias = mine[-2:]  # the classifier: fresh, 7 classes
+  assert kernel.shape[-1] == 7 and not np.any(bias.numpy())
+  assert trainer.step == 0
+
+
+def test_the_same_classes_keep_the_classifier_too(pretrained, tmp_path):
+  source_cfg, source = pretrained
+  checkpoint = tf.train.latest_checkpoint(source_cfg.model_dir)
+  trainer = _fresh(_config(tmp_path, init_checkpoint=checkpoint))
+  for theirs, var in zip(source, trainer.model.weights):
+    np.testing.assert_array_equal(var.numpy(), theirs)
+
+
+def test_a_run_fine_tunes_then_resumes_its_own_checkpoints(pretrained,
+                                                           tmp_path):
+  source_cfg, _ = pretrained
+  cfg = _config(tmp_path, num_classes=7,
+                init_checkpoint=source_cfg.model_dir)
+  run_lib.run(cfg)
+  again = Trainer(cfg, cpu_strategy(1))
+  assert again.restore() == 2  # its own run, not the source's
+
+
+def test_another_network_is_refused_before_startup(pretrained, tmp_path,
+                                                    monkeypatch):
+  source_cfg, _ = pretrained
+
+  def no_strategy(*args, **kwargs):
+    raise AssertionError("started")
+
+  monkeypatch.setattr(run_lib, "create_strategy", no_strategy)
+  with pytest.raises(ConfigError, match=r"--init_checkpoint=.* is another "
+                     r"network \(--resnet_depth=18 there, 34 here\)"):
+    run_lib.run(_config(tmp_path, resnet_depth=34,
+                        init_checkpoint=source_cfg.model_dir))
+  with pytest.raises(ConfigError, match=r"--init_checkpoint='.*nothing' is "
+                     "neither a folder nor a checkpoint prefix"):
+    run_lib.run(_config(tmp_path, init_checkpoint=str(tmp_path / "nothing")))
+  (tmp_path / "empty").mkdir()
+  with pytest.raises(ConfigError, match=r"--init_checkpoint='.*empty' holds "
+                     "no checkpoint"):
+    run_lib.run(_config(tmp_path, init_checkpoint=str(tmp_path / "empty")))
