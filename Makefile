@@ -111,6 +111,7 @@ demo: venv
 bench: venv
 	$(PY) -m lab.bench_train --output_dir=bench_results
 	$(PY) -m lab.bench_bn_groups --output_dir=bench_results
+	$(PY) -m lab.bench_eval --output_dir=bench_results
 	$(PY) -m lab.bench_input --output_dir=bench_results
 	$(PY) -m lab.allreduce_sim --output_dir=bench_results
 	$(PY) -m lab.bench_report --output_dir=bench_results

@@ -19,6 +19,11 @@ images/s, the seconds each checkpoint save blocked training, the seconds
 from the end of the last host loop (last step) to the return of run(), and
 from there to the end of the process. A child that outlives --timeout_s is
 killed and counted at the timeout.
+
+Then, in one more process, a ResNet-50 checkpoint (the size users save, 1
+replica) alternates between the trainer's synchronous save and
+tf.train.CheckpointOptions(enable_async=True): the seconds each blocks the
+caller, and the async save's seconds until its files are written.
 """
 import contextlib
 import json
@@ -114,6 +119,58 @@ def child(variant: str, data_dir: str, model_dir: str, result_path: str,
         "returned_at": returned}, f)
 
 
+def save_child(result_path: str, repetitions: int, depth: int,
+               image_size: int, model_dir: str) -> None:
+  """Times ResNet-`depth` saves, sync against async (a child process)."""
+  from resnet_tpu.runtime import process_setup
+  process_setup.apply_cpu_kernel_choice("auto", "cpu")
+  import tensorflow as tf
+  from resnet_tpu import preflight
+  from resnet_tpu.config import TrainConfig
+  from resnet_tpu.train.trainer import Trainer
+
+  cfg = TrainConfig.from_flat(
+      model_dir=model_dir, use_synthetic_data=True, resnet_depth=depth,
+      num_classes=1000, image_size=image_size, global_batch_size=8,
+      train_steps=1, keep_checkpoints=2,
+      num_train_images=preflight.IMAGENET_TRAIN_IMAGES)
+  checkpoints = Trainer(cfg, tf.distribute.get_strategy()).checkpoints
+  options = tf.train.CheckpointOptions(enable_async=True)
+  times = {"sync_blocks_s": [], "async_blocks_s": [], "async_done_s": []}
+  checkpoints.save()  # the first save builds its graph; not timed
+  number = 1
+  # Synchronous saves first: a checkpoint that tried an async save keeps
+  # saving through its async helper.
+  for _ in range(repetitions):
+    number += 1
+    start = time.time()
+    checkpoints.manager.save(checkpoint_number=number)
+    times["sync_blocks_s"].append(time.time() - start)
+  for _ in range(repetitions):
+    number += 1
+    start = time.time()
+    try:
+      checkpoints.manager.save(checkpoint_number=number, options=options)
+    except (ValueError, TypeError, tf.errors.OpError) as error:
+      # TF 2.21 with Keras 3 variables: the async copy creates variables
+      # inside a tf.function and fails; recorded.
+      last = [line for line in str(error).splitlines() if line.strip()][-1]
+      times["async_error"] = (f"{type(error).__name__}: "
+                              + last.strip().split(". ")[0].removeprefix(
+                                  "ValueError: ") + ".")
+      number -= 1
+      break
+    times["async_blocks_s"].append(time.time() - start)
+    checkpoints.checkpoint.sync()
+    times["async_done_s"].append(time.time() - start)
+  times["megabytes"] = sum(
+      os.path.getsize(os.path.join(model_dir, name))
+      for name in os.listdir(model_dir)
+      if name.startswith(f"ckpt-{number}.")) / 1e6
+  with open(result_path, "w") as f:
+    json.dump(times, f)
+
+
 def run_child(variant: str, data_dir: str, tag: str, setup: dict) -> dict:
   """Runs one sample; returns its measurements plus `exit_s`, the seconds
   from the return of run() to the end of the process."""
@@ -141,6 +198,26 @@ def run_child(variant: str, data_dir: str, tag: str, setup: dict) -> dict:
   result["exit_s"] = ended - result.pop("returned_at")
   result["timed_out"] = timed_out
   return result
+
+
+def run_save_child(setup: dict) -> dict:
+  """The ResNet-50 save timings, from a process of their own."""
+  model_dir = os.path.join(FLAGS.scratch_dir, "saves")
+  result_path = model_dir + ".json"
+  subprocess.run(["rm", "-rf", model_dir, result_path], check=True)
+  command = [sys.executable, "-m", "lab.bench_eval", "--child=saves",
+             f"--child_model_dir={model_dir}",
+             f"--child_result={result_path}",
+             f"--child_setup={json.dumps(setup)}"]
+  with open(model_dir + ".log", "w") as log:
+    code = subprocess.run(command, timeout=FLAGS.timeout_s, stdout=log,
+                          stderr=subprocess.STDOUT).returncode
+  if code:
+    with open(model_dir + ".log") as log:
+      raise RuntimeError(f"the save timing failed (exit code {code}):\n"
+                         + "".join(log.readlines()[-20:]))
+  with open(result_path) as f:
+    return json.load(f)
 
 
 def spread(values: list[float]) -> dict:
@@ -175,6 +252,38 @@ def headlines(summary: dict) -> dict:
       "last_step_to_return_s": new["last_step_to_return_s"]["median"],
       "last_step_to_return_s_old": old["last_step_to_return_s"]["median"],
       "save_blocks_s": new["save_seconds"]["median"],
+      "resnet50_save_blocks_s":
+          summary["resnet50_saves"]["sync_blocks_s"]["median"],
+  }
+
+
+def _cell(value: dict, digits: int) -> str:
+  return (f"{value['median']:.{digits}f} ({value['min']:.{digits}f}-"
+          f"{value['max']:.{digits}f})")
+
+
+def headline_ranges(summary: dict, saves: dict) -> dict:
+  """Each headline's range over the runs (ratios: each side's range over
+  the other's median)."""
+  new, old = summary["long_lived"], summary["per_evaluation"]
+  train = new["train_images_per_sec"]["median"]
+  evals = new["eval_seconds"]
+  return {
+      "eval_vs_train_images_per_sec": [
+          new["eval_images_per_sec"]["min"] / train,
+          new["eval_images_per_sec"]["max"] / train],
+      "eval_seconds_max_over_median": [evals["max"] / evals["median"]] * 2,
+      "eval_seconds_old_over_new": [
+          old["eval_seconds"]["min"] / evals["median"],
+          old["eval_seconds"]["max"] / evals["median"]],
+      "last_step_to_return_s": [new["last_step_to_return_s"]["min"],
+                                new["last_step_to_return_s"]["max"]],
+      "last_step_to_return_s_old": [old["last_step_to_return_s"]["min"],
+                                    old["last_step_to_return_s"]["max"]],
+      "save_blocks_s": [new["save_seconds"]["min"],
+                        new["save_seconds"]["max"]],
+      "resnet50_save_blocks_s": [min(saves["sync_blocks_s"]),
+                                 max(saves["sync_blocks_s"])],
   }
 
 
@@ -213,6 +322,20 @@ def markdown(summary: dict, setup: dict, heads: dict) -> str:
             f"{heads['eval_vs_train_images_per_sec']:.1f}x; the slowest "
             "repeated evaluation / their median "
             f"{heads['eval_seconds_max_over_median']:.2f}x."]
+  saves = summary["resnet50_saves"]
+  lines += ["", f"ResNet-{setup['save_depth']} at {setup['save_image_size']} "
+            f"px ({saves['megabytes']:.0f} MB a checkpoint, 1 replica), "
+            f"{setup['save_repetitions']} saves: the trainer's save blocks "
+            + _cell(saves["sync_blocks_s"], 2) + " s."]
+  if "async_error" in saves:
+    lines += ["tf.train.CheckpointOptions(enable_async=True) fails on this "
+              "TensorFlow and Keras (" + saves["async_error"] + "), so "
+              "saves stay synchronous."]
+  else:
+    lines += ["tf.train.CheckpointOptions(enable_async=True), alternating "
+              "with it, blocks " + _cell(saves["async_blocks_s"], 2)
+              + " s and has written its files after "
+              + _cell(saves["async_done_s"], 2) + " s."]
   return "\n".join(lines) + "\n"
 
 
@@ -221,31 +344,55 @@ def main(argv: list[str]) -> None:
   setup = dict(num_train=FLAGS.num_train, num_test=FLAGS.num_test,
                batch=FLAGS.batch, eval_batch=FLAGS.eval_batch,
                steps=FLAGS.steps, eval_every=FLAGS.eval_every,
-               repetitions=FLAGS.repetitions)
+               repetitions=FLAGS.repetitions, save_depth=50,
+               save_image_size=224, save_repetitions=5)
+  if FLAGS.child == "saves":
+    child_setup = json.loads(FLAGS.child_setup)
+    save_child(FLAGS.child_result, child_setup["save_repetitions"],
+               child_setup["save_depth"], child_setup["save_image_size"],
+               FLAGS.child_model_dir)
+    return
   if FLAGS.child:
     child(FLAGS.child, FLAGS.child_data_dir, FLAGS.child_model_dir,
           FLAGS.child_result, json.loads(FLAGS.child_setup))
     return
   if FLAGS.tiny:
     setup.update(num_train=64, num_test=64, batch=16, eval_batch=16,
-                 steps=4, eval_every=2, repetitions=1)
+                 steps=4, eval_every=2, repetitions=1, save_depth=18,
+                 save_image_size=32, save_repetitions=1)
   from lab import study_data
   from tools import bench_common
-  data = study_data.study_data(FLAGS.cache_dir, "", setup["num_train"],
-                               setup["num_test"])
-  samples = {v: [] for v in VARIANTS}
-  for repetition in range(setup["repetitions"]):
-    for variant in VARIANTS:
-      sample = run_child(variant, data.data_dir, f"{variant}_{repetition}",
-                         setup)
-      logging.info("%s %d: %s", variant, repetition, sample)
-      samples[variant].append(sample)
+  os.makedirs(FLAGS.scratch_dir, exist_ok=True)
+  parts = FLAGS.parts.split(",")
+  if "runs" in parts:
+    data = study_data.study_data(FLAGS.cache_dir, "", setup["num_train"],
+                                 setup["num_test"], FLAGS.fashion_mnist_dir)
+    samples = {v: [] for v in VARIANTS}
+    for repetition in range(setup["repetitions"]):
+      for variant in VARIANTS:
+        sample = run_child(variant, data.data_dir,
+                           f"{variant}_{repetition}", setup)
+        logging.info("%s %d: %s", variant, repetition, sample)
+        samples[variant].append(sample)
+  else:  # the runs of the last eval.json, saves measured again
+    with open(os.path.join(FLAGS.output_dir, "eval.json")) as f:
+      earlier = json.load(f)
+    samples, setup = earlier["samples"], dict(earlier["setup"], **{
+        k: v for k, v in setup.items() if k.startswith("save_")})
   summary = {v: summarise(s) for v, s in samples.items()}
+  saves = run_save_child(setup)
+  summary["resnet50_saves"] = {key: spread(values) for key, values in
+                               saves.items() if isinstance(values, list)
+                               and values}
+  summary["resnet50_saves"].update(
+      {key: saves[key] for key in ("megabytes", "async_error")
+       if key in saves})
   heads = headlines(summary)
   report = markdown(summary, setup, heads)
   bench_common.write_json(FLAGS.output_dir, "eval.json", {
       "setup": setup, "machine": bench_common.machine(), "summary": summary,
-      "samples": samples, **heads})
+      "samples": samples, "resnet50_saves": saves, **heads,
+      "headline_ranges": headline_ranges(summary, saves)})
   with open(f"{FLAGS.output_dir}/eval.md", "w") as f:
     f.write(report)
   bench_common.merge_summary(FLAGS.output_dir, heads)
@@ -267,6 +414,12 @@ if __name__ == "__main__":
   flags.DEFINE_integer("repetitions", 3, "Runs per variant, alternating.")
   flags.DEFINE_integer("timeout_s", 900, "A run's limit in seconds.")
   flags.DEFINE_bool("tiny", False, "Smoke-test sizes.")
+  flags.DEFINE_string("parts", "runs,saves", "runs: the training runs; "
+                      "saves: the ResNet-50 save timing (alone: it reuses "
+                      "the runs of the last eval.json).")
+  flags.DEFINE_string("fashion_mnist_dir", "/usr/share/datasets/fashion-mnist",
+                      "Fashion-MNIST's idx files (Debian's "
+                      "dataset-fashion-mnist).")
   flags.DEFINE_string("child", "", "Internal: run one sample of a variant.")
   flags.DEFINE_string("child_data_dir", "", "Internal.")
   flags.DEFINE_string("child_model_dir", "", "Internal.")

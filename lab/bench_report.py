@@ -25,6 +25,8 @@ PARTS = (
      "(lab/bench_input.py)", RERUN),
     ("allreduce_sim.md", "All-reduce cost model, Ying et al. §3.3 and "
      "Mikami et al. (lab/allreduce_sim.py)", RERUN),
+    ("eval.md", "Evaluation, checkpoint saves and the end of a run "
+     "(lab/bench_eval.py)", RERUN),
     ("collectives.md", "Developer: BN group all-reduce, collective vs masked "
      "(lab/dev/bench_collectives.py)", "make bench-collectives"),
     ("cpu_kernels.md", "Developer: CPU kernels, oneDNN vs Eigen "
@@ -56,6 +58,19 @@ MEANINGS = {
         "1M-float group all-reduce time, masked / collective",
     "onednn_vs_eigen_fp32": "images/s, our float32 step on oneDNN / Eigen "
                             "CPU kernels",
+    "eval_vs_train_images_per_sec": "images/s, evaluation / training, 8 CPU "
+                                    "replicas",
+    "eval_seconds_max_over_median": "seconds, slowest repeated evaluation / "
+                                    "their median, 8 CPU replicas",
+    "eval_seconds_old_over_new": "seconds per evaluation, one iterator per "
+                                 "evaluation (before) / one per run",
+    "last_step_to_return_s": "seconds (not a ratio) from the last step to "
+                             "the return of run(), final eval included",
+    "last_step_to_return_s_old": "the same with the iterators of before",
+    "save_blocks_s": "seconds (not a ratio) a checkpoint save blocks "
+                     "training, narrow ResNet",
+    "resnet50_save_blocks_s": "seconds (not a ratio) a ResNet-50 save "
+                              "blocks, 1 replica",
 }
 
 

@@ -10,7 +10,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The lab's scripts that take flags; bench_report and input_profile_table
 # are smoked below on their real inputs.
-ENTRY_POINTS = ("lab.bench_train", "lab.bench_bn_groups", "lab.bench_input",
+ENTRY_POINTS = ("lab.bench_train", "lab.bench_bn_groups", "lab.bench_eval",
+                "lab.bench_input",
                 "lab.allreduce_sim", "lab.study", "lab.dev.bench_collectives",
                 "lab.dev.bench_cpu_kernels", "lab.dev.op_profile",
                 "lab.dev.profile_step", "lab.dev.cfg_walk")

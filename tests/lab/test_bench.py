@@ -11,12 +11,19 @@ import sys
 
 import pytest
 
+from test_study import fake_fashion_mnist  # a made-up Fashion-MNIST
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 HEADLINES = {"train.json": ("ours_vs_keras_fp32", "ours_vs_keras_bf16",
                             "mfu_bf16"),
              "bn_groups.json": ("bn_group4_vs_group1",
-                                "statistics_local_vs_broadcast")}
+                                "statistics_local_vs_broadcast"),
+             "eval.json": ("eval_vs_train_images_per_sec",
+                           "eval_seconds_old_over_new",
+                           "last_step_to_return_s",
+                           "last_step_to_return_s_old",
+                           "resnet50_save_blocks_s")}
 
 
 def _run(module: str, output_dir, *args, timeout=600):
@@ -34,6 +41,10 @@ def results(tmp_path_factory):
        f"--scratch_dir={out}/scratch_train")
   _run("lab.bench_bn_groups", out, "--tiny",
        f"--scratch_dir={out}/scratch_bn")
+  (out / "idx").mkdir()
+  fake_fashion_mnist(out / "idx")
+  _run("lab.bench_eval", out, "--tiny", f"--scratch_dir={out}/scratch_eval",
+       f"--cache_dir={out}/cache_eval", f"--fashion_mnist_dir={out}/idx")
   _run("lab.bench_report", out)
   return out
 
@@ -61,7 +72,8 @@ def test_report_holds_every_table(results):
   text = (results / "REPORT.md").read_text()
   for heading in ("ours vs keras.applications.ResNet50",
                   "Model FLOP utilisation", "Host loop",
-                  "Distributed BN: group size"):
+                  "Distributed BN: group size",
+                  "Evaluation and the end of a run"):
     assert heading in text
   assert "| ratio | compares | median | min-max over repetitions |" in text
 
@@ -114,7 +126,8 @@ def test_bench_results_holds_one_run_and_the_studies():
         for ext in (".md", ".json", ".png")}, os.listdir(studies)
   assert {"REPORT.md", "summary.json", "train.json", "train.md",
           "bn_groups.json", "bn_groups.md", "input.json", "input.md",
-          "allreduce_sim.json", "allreduce_sim.md"} <= names
+          "allreduce_sim.json", "allreduce_sim.md", "eval.json",
+          "eval.md"} <= names
 
 
 def test_bench_models_keeps_its_trainers_until_the_process_ends(monkeypatch):
