@@ -76,6 +76,21 @@ def main(argv: list[str], model_fn=None) -> None:
   logging.info("Final: %s", result)
 
 
+def cli(argv: list[str]) -> None:
+  """main, then the end of the process: a run on one host skips the
+  interpreter's teardown (process_setup.exit_skipping_teardown), which
+  would wait for the input iterators' release (train/iterators.py); a
+  multi-worker run ends normally, so its peers' shutdown can reach it."""
+  code = 0
+  try:
+    main(argv)
+  except SystemExit as stop:
+    code = stop.code
+  if process_setup.startup_kind(FLAGS.strategy, FLAGS.tpu) == "multi_worker":
+    sys.exit(code)
+  process_setup.exit_skipping_teardown(code)
+
+
 if __name__ == "__main__":
   process_setup.quiet_tensorflow_logs()  # before absl's own start-up
-  app.run(main)
+  app.run(cli)

@@ -8,8 +8,8 @@ ResNet on Fashion-MNIST (lab/study_data.py), evaluating the whole test set
 every --eval_every steps, by run.run. Two variants alternate A B A B:
 
 - `long_lived`: today's trainer (resnet_tpu/train/iterators.py): one
-  evaluation iterator for the run, input iterators dropped on a daemon
-  thread when fit returns;
+  evaluation iterator for the run, input iterators dropped on a thread
+  of their own when fit returns;
 - `per_evaluation`: the trainer as it was before issue 38, patched back in
   for this variant only: a new evaluation iterator per evaluation, each
   input iterator deleted on the thread that trained.
@@ -355,7 +355,9 @@ def main(argv: list[str]) -> None:
   if FLAGS.child:
     child(FLAGS.child, FLAGS.child_data_dir, FLAGS.child_model_dir,
           FLAGS.child_result, json.loads(FLAGS.child_setup))
-    return
+    # Ends as main.py ends a run on one host.
+    from resnet_tpu.runtime import process_setup
+    process_setup.exit_skipping_teardown(0)
   if FLAGS.tiny:
     setup.update(num_train=64, num_test=64, batch=16, eval_batch=16,
                  steps=4, eval_every=2, repetitions=1, save_depth=18,

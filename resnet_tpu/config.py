@@ -19,7 +19,7 @@ from resnet_tpu.clock import parse_batch_size_schedule
 
 # The choices of the enum flags.
 RESNET_DEPTHS = (18, 34, 50, 101, 152, 200)
-PRECISIONS = ("float32", "bfloat16")
+PRECISIONS = ("float32", "bfloat16", "float16")
 BFLOAT16_CONV_KERNELS = ("auto", "native", "float32")
 STRATEGIES = ("auto", "tpu", "gpu", "cpu", "multi_worker")
 TPU_DEVICE_ASSIGNMENTS = ("default", "ring")
@@ -113,7 +113,7 @@ class ModelConfig:
 
   @property
   def compute_dtype(self) -> str:
-    return "bfloat16" if self.precision == "bfloat16" else "float32"
+    return self.precision
 
 
 @dataclasses.dataclass(frozen=True)
@@ -434,6 +434,13 @@ def validate(cfg: TrainConfig, num_replicas: int | None = None) -> None:
          "TPU XLA sums gradients over the torus (use auto).")
   _check(not (optim.nesterov and optim.optimizer == "rmsprop_warmup"),
          "--nesterov is not supported with --optimizer=rmsprop_warmup.")
+  _check(not (cfg.model.precision == "float16" and run.batch_size_schedule),
+         "--precision=float16 does not support --batch_size_schedule "
+         "(gradient accumulation); use float32 or bfloat16.")
+  _check(not (cfg.model.precision == "float16" and
+              (dist.tpu or dist.strategy == "tpu")),
+         "--precision=float16 is for GPUs without fast bfloat16 (V100, T4); "
+         "TPUs compute in bfloat16: use --precision=bfloat16.")
   _check(not (optim.skip_nonfinite_steps and run.batch_size_schedule),
          "--skip_nonfinite_steps does not support --batch_size_schedule "
          "(gradient accumulation); a NaN/Inf loss there stops training.")

@@ -21,8 +21,10 @@ HELP = {
     "resnet_depth": "ResNet depth: 18, 34, 50, 101, 152 or 200.",
     "num_classes": "Number of classes (1000 for ImageNet).",
     "image_size": "Training and eval image side in pixels.",
-    "precision": "float32 or bfloat16 (convs/activations in bfloat16; BN "
-                 "statistics and logits in float32).",
+    "precision": "float32, bfloat16 (convs/activations in bfloat16; BN "
+                 "statistics and logits in float32) or float16 (the same "
+                 "in float16 with dynamic loss scaling, for GPUs without "
+                 "fast bfloat16 such as V100 and T4).",
     "bfloat16_conv_kernels": "Kernels of the bfloat16 convs: native "
                              "(TensorFlow's bfloat16 kernels), float32 "
                              "(bfloat16 operands widened, float32 sums, "

@@ -12,6 +12,7 @@ from resnet_tpu.runtime import process_setup
 os.environ.setdefault(process_setup.LOG_LEVEL_ENV, "2")
 process_setup.apply_cpu_kernel_choice("auto", "cpu")
 
+import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from resnet_tpu.runtime import compat  # noqa: E402
 
@@ -31,3 +32,10 @@ def cpu_strategy(num_replicas: int) -> tf.distribute.MirroredStrategy:
   compat.shift_collective_keys(tf.distribute.MirroredStrategy, 100000)
   return tf.distribute.MirroredStrategy(
       [f"/cpu:{i}" for i in range(num_replicas)])
+
+
+@pytest.fixture(autouse=True)
+def separate_collective_keys():
+  """Strategies a test builds itself (run() builds its own) number their
+  collectives apart from those of earlier tests in the same process."""
+  compat.shift_collective_keys(tf.distribute.MirroredStrategy, 100000)

@@ -173,8 +173,9 @@ def test_worker_that_hangs_while_alive_stops_peer_and_restart_resumes(
 
   resumed_from = _checkpoint_step(model_dir)
   second = tmp_path / "second"
+  # A deliberate change of length (config.json records it).
   processes = _start_workers(model_dir, second, resumed_from + 10,
-                             timeout_flag)
+                             timeout_flag, "--allow_config_change=train_steps")
   try:
     codes = [p.wait(timeout=STARTUP_TIMEOUT_S) for p in processes]
   finally:

@@ -104,6 +104,10 @@ def test_on_corrupt_shard_fail_stops_every_worker_naming_the_non_chiefs_file(
     assert "Lost contact with another worker" not in log
 
 
+# The second run trains longer: a deliberate change (preflight.check_resume).
+ALLOW_LONGER = ["--allow_config_change=train_steps"]
+
+
 def _synthetic_flags(model_dir, train_steps: int) -> list[str]:
   return [f"--model_dir={model_dir}", "--use_synthetic_data",
           "--num_classes=10", f"--train_steps={train_steps}",
@@ -125,8 +129,8 @@ def test_workers_that_restore_different_steps_stop_before_training(
   data.write_bytes(data.read_bytes()[:data.stat().st_size // 2])
 
   codes = _run_workers(tmp_path / "second",
-                       [_synthetic_flags(model_dir, 20),
-                        _synthetic_flags(stale_dir, 20)])
+                       [_synthetic_flags(model_dir, 20) + ALLOW_LONGER,
+                        _synthetic_flags(stale_dir, 20) + ALLOW_LONGER])
   logs = _logs(tmp_path / "second")
   assert codes == [1] * WORKERS, logs[0][-3000:] + logs[1][-3000:]
   for log in logs:

@@ -8,15 +8,14 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 from typing import Callable
 
-from absl import logging
 import keras
 import tensorflow as tf
 
 from resnet_tpu.runtime import cpu_kernels
+from resnet_tpu.runtime import process_setup
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.model.distributed_batch_norm import DistributedBatchNormalization
 from resnet_tpu.model.resnet import dtype_policy
@@ -148,15 +147,8 @@ def keep_until_exit(obj: object) -> None:
 
 
 def exit_without_teardown() -> None:
-  """Ends a benchmark process once its results are written and printed.
-
-  Freeing the input iterators of several traced trainers can wait, idle, in
-  tf.data's iterator destructors (`RootDataset::Iterator::~Iterator` waiting
-  on a background thread) for minutes on a 2-core CPU; cause not found.
-  Nothing is left to save, so the process skips that teardown; benchmarks
-  with several parts keep their trainers (keep_until_exit).
-  """
-  sys.stdout.flush()
-  sys.stderr.flush()
-  logging.flush()
-  os._exit(0)
+  """Ends a benchmark process once its results are written and printed,
+  skipping the teardown that frees the input iterators of its traced
+  trainers (process_setup.exit_skipping_teardown); benchmarks with several
+  parts keep their trainers (keep_until_exit)."""
+  process_setup.exit_skipping_teardown(0)

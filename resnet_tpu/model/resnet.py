@@ -195,10 +195,12 @@ def build_resnet(depth: int = 50, num_classes: int = 1000,
 
 @contextlib.contextmanager
 def dtype_policy(precision: str):
-  """Keras dtype policy for building the model: mixed_bfloat16 or float32."""
+  """Keras dtype policy for building the model: mixed_bfloat16,
+  mixed_float16 or float32."""
   previous = keras.config.dtype_policy()
   keras.config.set_dtype_policy(
-      "mixed_bfloat16" if precision == "bfloat16" else "float32")
+      {"bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}.get(
+          precision, "float32"))
   try:
     yield
   finally:

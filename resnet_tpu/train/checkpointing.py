@@ -111,15 +111,19 @@ class Checkpoints:
 
   def __init__(self, cfg: TrainConfig, model: keras.Model,
                optimizer: keras.optimizers.Optimizer,
-               input_batches: tf.Variable, directory: str, chief: bool):
+               input_batches: tf.Variable, directory: str, chief: bool,
+               loss_scale: tf.Module | None = None):
+    """loss_scale: float16's dynamic loss scale, saved with the rest."""
     self.cfg = cfg
     self.optimizer = optimizer
     self.input_batches = input_batches
     self.directory = directory
     self.chief = chief
     self.retry_delays_s = RETRY_DELAYS_S
+    extra = {"loss_scale": loss_scale} if loss_scale is not None else {}
     self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer,
-                                          input_batches=input_batches)
+                                          input_batches=input_batches,
+                                          **extra)
     self.manager = self._manager()
 
   def _manager(self) -> tf.train.CheckpointManager:

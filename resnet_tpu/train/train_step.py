@@ -18,6 +18,7 @@ from resnet_tpu.inputs import record_guards
 from resnet_tpu.model import moving_statistics
 from resnet_tpu.optim import optimizers
 from resnet_tpu.config import TrainConfig
+from resnet_tpu.train.loss_scale import DynamicLossScale
 
 
 class StepSums(NamedTuple):
@@ -78,8 +79,12 @@ class ReplicaStep:
 
   def __init__(self, cfg: TrainConfig, model: keras.Model,
                optimizer: keras.optimizers.Optimizer, num_replicas: int,
-               accumulators: list[tf.Variable] = ()):
+               accumulators: list[tf.Variable] = (),
+               loss_scale: DynamicLossScale | None = None):
+    """loss_scale: --precision=float16's dynamic loss scale (loss_scale.py);
+    its steps take the skip path of --skip_nonfinite_steps."""
     self.cfg = cfg
+    self.loss_scale = loss_scale
     self.num_sources = 0
     self.model = model
     self.optimizer = optimizer
@@ -119,7 +124,13 @@ class ReplicaStep:
         l2 = tf.add_n([tf.nn.l2_loss(v) for v in self.decayed])
         loss += (self.cfg.optim.weight_decay * l2 /
                  tf.cast(self.num_replicas * micro_batches, tf.float32))
+      if self.loss_scale is not None:
+        # float16: scaled so that small gradients do not underflow.
+        loss_scale = self.loss_scale.scale.read_value()
+        loss *= loss_scale
     grads = tape.gradient(loss, self.model.trainable_variables)
+    if self.loss_scale is not None:
+      grads = [g / loss_scale for g in grads]
     unusable, lost, by_source = record_guards.fault_counts(
         labels, self.num_sources)
     sums = StepSums(
@@ -135,7 +146,7 @@ class ReplicaStep:
   def train(self, images, labels) -> StepSums:
     """One training step; `nonfinite` > 0 if its loss/gradients were not
     finite (on this replica, or on any with --skip_nonfinite_steps)."""
-    skip = self.cfg.optim.skip_nonfinite_steps
+    skip = self.skips_nonfinite_steps
     stats = ([tf.identity(v.value) for v in self.model.non_trainable_variables]
              if skip else [])
     grads, sums = self.gradients(images, labels)
@@ -144,9 +155,18 @@ class ReplicaStep:
       nonfinite = tf.distribute.get_replica_context().all_reduce(
           tf.distribute.ReduceOp.SUM, nonfinite)
       self._apply_if_finite(nonfinite, grads, stats)
+      if self.loss_scale is not None:
+        self.loss_scale.update(tf.equal(nonfinite, 0.0))
     else:
       self.apply(grads)
     return sums._replace(nonfinite=nonfinite)
+
+  @property
+  def skips_nonfinite_steps(self) -> bool:
+    """--skip_nonfinite_steps, or float16's loss scaling (a step that
+    overflows is skipped and the scale halves)."""
+    return (self.cfg.optim.skip_nonfinite_steps or
+            self.loss_scale is not None)
 
   def _apply_if_finite(self, nonfinite, grads, stats) -> None:
     """--skip_nonfinite_steps: a step that was not finite on any replica

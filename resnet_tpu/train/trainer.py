@@ -22,6 +22,7 @@ from resnet_tpu.train import cadence
 from resnet_tpu.train import iterators
 from resnet_tpu.train import loop_report
 from resnet_tpu.train import preemption
+from resnet_tpu.train.loss_scale import DynamicLossScale
 from resnet_tpu.train.profiling import StepProfiler
 from resnet_tpu.model.bn_recompute import BNStatisticsRecomputer
 from resnet_tpu.train.checkpointing import check_workers_agree
@@ -74,20 +75,22 @@ class Trainer:
       self.optimizer.build(self.model.trainable_variables)
       accumulators = (make_accumulators(self.model)
                       if cfg.run.batch_size_schedule else [])
+      self.loss_scale = (DynamicLossScale()
+                         if cfg.model.precision == "float16" else None)
       # Global batches read from the training input (micro-batches and BN
       # recomputation included): where a resumed run starts reading.
       self.input_batches = tf.Variable(0, dtype=tf.int64, trainable=False,
                                        name="input_batches")
     self.replica_step = ReplicaStep(cfg, self.model, self.optimizer,
                                     strategy.num_replicas_in_sync,
-                                    accumulators)
+                                    accumulators, self.loss_scale)
     self.loops = HostLoops(strategy, self.replica_step)
     self._bn_recomputer = (BNStatisticsRecomputer(self.model, strategy)
                            if cfg.model.bn_stats == "recompute" else None)
     self.checkpoints = Checkpoints(
         cfg, self.model, self.optimizer, self.input_batches,
         worker_checkpoint_dir(cfg.model_dir, strategy, self.chief),
-        self.chief)
+        self.chief, self.loss_scale)
     self.metrics = MetricsLog(cfg.model_dir, enabled=self.chief)
     self.save_timer = cadence.SaveTimer(cfg.run.checkpoint_every_minutes)
     self._start_time = time.time()
@@ -254,7 +257,8 @@ class Trainer:
       result = self._host_loop(train_iter, n, micro_batches)
       seconds = time.time() - t0
       self.profiler.after_loop(step + n)
-      loop_report.check_finite(result, step, n, cfg.optim.skip_nonfinite_steps,
+      loop_report.check_finite(result, step, n,
+                               self.replica_step.skips_nonfinite_steps,
                                self.checkpoints.latest)
       step = self.step
       last = self._log_train(result, n * micro_batches, seconds, step,

@@ -1,0 +1,50 @@
+"""Dynamic loss scaling for --precision=float16 (GPUs without fast bfloat16).
+
+float16 has 5 exponent bits: small activation gradients underflow to zero
+(Micikevicius et al. 2018, "Mixed Precision Training", §3.2). The loss is
+multiplied by a scale S before the backward pass and the float32 gradients
+divided by S. A step whose loss or gradients are not finite on any replica
+is skipped (no update, BN statistics put back: ReplicaStep's skip path,
+counted as skipped steps) and S halves; after GROWTH_STEPS finite steps in
+a row S doubles. This is keras.optimizers.LossScaleOptimizer's dynamic rule
+and defaults, applied in the training step rather than inside the
+optimizer, so it holds for every optimizer (LARS included) and every
+gradient summation (--gradient_all_reduce).
+
+Every replica keeps its own copy of S (replica-local, ON_READ, as the BN
+moving statistics): the finite flag is summed over all replicas first, so
+every copy takes the same values without a collective of its own. The
+checkpoint holds S, so a resumed run continues with it.
+"""
+import tensorflow as tf
+
+INITIAL_SCALE = 2.0 ** 15
+GROWTH_STEPS = 2000
+
+
+class DynamicLossScale(tf.Module):
+  """S and the finite steps since it last changed; build it under the
+  strategy scope."""
+
+  def __init__(self, initial_scale: float = INITIAL_SCALE,
+               growth_steps: int = GROWTH_STEPS):
+    super().__init__(name="loss_scale")
+    local = dict(trainable=False,
+                 synchronization=tf.VariableSynchronization.ON_READ,
+                 aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+    self.scale = tf.Variable(initial_scale, dtype=tf.float32, name="scale",
+                             **local)
+    self.good_steps = tf.Variable(0, dtype=tf.int64, name="good_steps",
+                                  **local)
+    self.growth_steps = growth_steps
+
+  def update(self, finite: tf.Tensor) -> None:
+    """After a step (replica context): halve S when it was not finite,
+    double it after growth_steps finite steps in a row."""
+    good = tf.where(finite, self.good_steps + 1, tf.zeros_like(
+        self.good_steps))
+    grow = good >= self.growth_steps
+    scale = tf.where(finite, tf.where(grow, self.scale * 2.0, self.scale),
+                     tf.maximum(self.scale / 2.0, 1.0))
+    self.scale.assign(scale)
+    self.good_steps.assign(tf.where(grow, tf.zeros_like(good), good))
