@@ -24,7 +24,7 @@ def test_a_good_config_validates():
     (dict(bn_group_size=3), 8, "--bn_group_size"),
     (dict(resnet_depth=42), None, "--resnet_depth"),
     (dict(image_size=16), None, "--image_size"),
-    (dict(precision="float16"), None, "--precision"),
+    (dict(precision="float64"), None, "--precision"),
     (dict(bfloat16_conv_kernels="fp32"), None, "--bfloat16_conv_kernels"),
     (dict(strategy="horovod"), None, "--strategy"),
     (dict(train_steps=0), None, "--train_steps"),
