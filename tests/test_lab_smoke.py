@@ -12,7 +12,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # are smoked below on their real inputs.
 ENTRY_POINTS = ("lab.bench_train", "lab.bench_bn_groups", "lab.bench_eval",
                 "lab.bench_input",
-                "lab.allreduce_sim", "lab.study", "lab.dev.bench_collectives",
+                "lab.allreduce_sim", "lab.study", "lab.study_fine_tune",
+                "lab.dev.bench_collectives",
                 "lab.dev.bench_cpu_kernels", "lab.dev.op_profile",
                 "lab.dev.profile_step", "lab.dev.cfg_walk")
 
