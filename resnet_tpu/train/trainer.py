@@ -210,12 +210,12 @@ class Trainer:
           "every worker with the same flags to resume from "
           f"{self.checkpoints.latest()}.") from e
     finally:
-      self.metrics.flush()
       owned = [train_iter]
       del train_iter
       iterators.release(owned)
       self.close_inputs()
       self.profiler.stop()
+      self.metrics.flush()  # last: it may raise storage.StorageError
 
   def _positioned_input(self, dataset_fn: DatasetFn,
                         resume_dataset_fn: Callable[[int], DatasetFn] | None
