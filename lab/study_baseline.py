@@ -64,13 +64,15 @@ def peak_learning_rate(cfg: TrainConfig, batch: int) -> float:
 
 def schedule(cfg: TrainConfig, steps: int, batch: int
              ) -> keras.optimizers.schedules.LearningRateSchedule:
-  """Linear warm-up to cfg's peak LR, then cosine decay to 0."""
-  if cfg.optim.lr_schedule != "cosine":
-    raise ValueError("The stock-Keras baseline decays by cosine only; the "
-                     f"config has --lr_schedule={cfg.optim.lr_schedule}.")
+  """Linear warm-up to cfg's peak LR, then cosine decay to 0 (or, with
+  --lr_schedule=constant as the calibration runs, the peak held)."""
+  decay = cfg.optim.lr_schedule
+  if decay not in ("cosine", "constant"):
+    raise ValueError("The stock-Keras baseline decays by cosine or holds "
+                     f"the LR constant; the config has --lr_schedule={decay}.")
   warmup = round(steps * cfg.optim.warmup_epochs / cfg.run.total_train_epochs)
   return keras.optimizers.schedules.CosineDecay(
-      0.0, max(1, steps - warmup),
+      0.0, max(1, steps - warmup), alpha=1.0 if decay == "constant" else 0.0,
       warmup_target=peak_learning_rate(cfg, batch), warmup_steps=warmup)
 
 

@@ -34,8 +34,10 @@ from resnet_tpu.train.trainer import Trainer
 SHARED = ("peak_learning_rate", "warmup_steps", "learning_rate_curve",
           "momentum", "nesterov", "weight_decay", "decayed_kernels",
           "label_smoothing")
-# Two LR curves are the same when no step's LR differs by more than this
-# share of the peak (the project's schedule counts epochs, Keras's steps).
+# Two LR curves are the same when no step's LR lies further than this share
+# of the peak outside the other curve's LRs at that step and its two
+# neighbours: the project's schedule counts epochs, Keras's steps, so a
+# warm-up or decay may start a step apart (as warmup_steps may differ by 1).
 CURVE_TOLERANCE = 0.02
 # Numbers agree to this relative difference (the largest LR over the steps
 # falls a fraction of a step either side of the schedule's peak).
@@ -126,6 +128,15 @@ def project(cfg: TrainConfig,
             "label_smoothing": step.label_smoothing}
 
 
+def _curve_gap(x: list[float], y: list[float]) -> float:
+  """The largest distance of a y[t] from x[t-1..t+1]'s range."""
+  gap = 0.0
+  for t, value in enumerate(y):
+    near = x[max(0, t - 1):t + 2]
+    gap = max(gap, min(near) - value, value - max(near))
+  return gap
+
+
 def differences(a: dict, b: dict, shared: Sequence[str] = SHARED
                 ) -> list[str]:
   """Each setting of `shared` that `a` and `b` do not share, named with
@@ -137,7 +148,7 @@ def differences(a: dict, b: dict, shared: Sequence[str] = SHARED
       if x is None or y is None or len(x) != len(y):
         found.append(f"{key}: lengths {len(x or [])} and {len(y or [])}")
         continue
-      gap = max(abs(u - v) for u, v in zip(x, y))
+      gap = _curve_gap(x, y)
       if gap > CURVE_TOLERANCE * max(max(x), max(y)):
         found.append(f"{key}: differs by up to {gap:.4g} at one step")
     elif key == "warmup_steps":

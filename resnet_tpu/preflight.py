@@ -163,22 +163,37 @@ def check_model_dir(cfg: TrainConfig) -> None:
         "over, or the same flags to resume.")
 
 
+# Flags a finished run may change when it is run again to evaluate.
+EVALUATION_ONLY = frozenset({"bn_stats", "bn_recompute_batches"})
+
+
+def _checkpoint_step(path: str) -> int:
+  """The step of a checkpoint the trainer saved (<model_dir>/ckpt-<step>)."""
+  suffix = path.rsplit("-", 1)[-1]
+  return int(suffix) if suffix.isdigit() else -1
+
+
 def check_resume(cfg: TrainConfig) -> dict[str, list]:
   """Compares a resumed run's flags with its model_dir's config.json.
 
   Call it on the resolved config (resolve: the epoch length from the data).
+  A finished run may be run again with other EVALUATION_ONLY flags.
   Returns the deliberate changes, flag -> [value there, value here], for
   config.write_config to record; raises ConfigError naming every other
   flag outside config.FREE_ON_RESUME that differs. A model_dir without a
   checkpoint is a fresh start: nothing to compare.
   """
   path = os.path.join(cfg.model_dir, CONFIG_FILE)
-  if not (tf.train.latest_checkpoint(cfg.model_dir) and
-          tf.io.gfile.exists(path)):
+  latest = tf.train.latest_checkpoint(cfg.model_dir)
+  if not (latest and tf.io.gfile.exists(path)):
     return {}
   with tf.io.gfile.GFile(path) as f:
     found = json.load(f)
   allowed = set(allowed_changes(cfg))
+  if _checkpoint_step(latest) >= cfg.run.total_train_steps:
+    # A finished run run again only evaluates (trainer._evaluate_finished),
+    # with its statistics recomputed if asked (Akiba et al.).
+    allowed |= EVALUATION_ONLY
   changed = {key: [found[key], value] for key, value in cfg.flat().items()
              if key not in FREE_ON_RESUME and key in found
              and found[key] != value}

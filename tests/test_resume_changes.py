@@ -79,3 +79,21 @@ def test_allow_config_change_must_name_flags(tmp_path):
   with pytest.raises(ConfigError, match=r"--allow_config_change names "
                      r"\['global_batch'\]"):
     config_lib.validate(_config(tmp_path, allow_config_change="global_batch"))
+
+
+def test_a_finished_run_may_be_evaluated_again_with_recomputed_statistics(
+    tmp_path):
+  """Akiba et al.'s statistics, recomputed for a finished run's weights
+  (trainer._evaluate_finished); an unfinished run may not switch."""
+  cfg = _config(tmp_path, train_steps=4)
+  config_lib.write_config(cfg)
+  tf.train.Checkpoint(step=tf.Variable(1)).save(
+      os.path.join(cfg.model_dir, "ckpt"))  # ckpt-1: step 1 of 4
+  recompute = cfg.replace(bn_stats="recompute")
+  with pytest.raises(ConfigError, match="--bn_stats='moving_average' there"):
+    preflight.check_resume(recompute)
+  tf.train.CheckpointManager(
+      tf.train.Checkpoint(step=tf.Variable(1)), cfg.model_dir,
+      max_to_keep=2).save(checkpoint_number=4)
+  assert preflight.check_resume(recompute) == {
+      "bn_stats": ["moving_average", "recompute"]}

@@ -72,13 +72,28 @@ def test_a_side_that_ignores_the_config_is_named_before_it_trains(
 def test_differences_names_each_setting_with_both_values():
   a = {"peak_learning_rate": 0.2, "warmup_steps": 10, "momentum": 0.9,
        "nesterov": False, "weight_decay": 1e-4, "decayed_kernels": 12,
-       "label_smoothing": 0.1, "learning_rate_curve": [0.0, 0.1, 0.2, 0.1]}
+       "label_smoothing": 0.1,
+       "learning_rate_curve": [0.0, 0.1, 0.2, 0.1, 0.05, 0.0]}
   assert study_settings.differences(a, dict(a)) == []
+  # A warm-up or decay a step apart is the same rule.
+  shifted = dict(a, learning_rate_curve=[0.0, 0.0, 0.1, 0.2, 0.1, 0.05])
+  assert study_settings.differences(a, shifted) == []
   b = dict(a, momentum=0.95, warmup_steps=12, nesterov=True,
-           learning_rate_curve=[0.0, 0.1, 0.2, 0.15])
+           learning_rate_curve=[0.0, 0.1, 0.2, 0.1, 0.15, 0.0])
   assert study_settings.differences(a, b) == [
       "warmup_steps: 10 and 12",
       "learning_rate_curve: differs by up to 0.05 at one step",
       "momentum: 0.9 and 0.95", "nesterov: False and True"]
   # A warm-up a step apart (epochs against steps) is the same rule.
   assert study_settings.differences(a, dict(a, warmup_steps=11)) == []
+
+
+def test_the_calibrations_constant_schedule_agrees_too(baseline_pair):
+  """lab/study_runner.py calibrates every kind of run, stock Keras's too,
+  with --lr_schedule=constant and no warm-up."""
+  cfg, _, _ = baseline_pair
+  constant = cfg.replace(lr_schedule="constant", warmup_epochs=0.0)
+  project = study_settings.project(constant, study_model.narrow_resnet)
+  study_runner.check_same_settings(constant, project)
+  assert project["final_learning_rate"] == pytest.approx(
+      project["peak_learning_rate"])
