@@ -31,6 +31,8 @@ from resnet_tpu.runtime import process_setup
 # A CPU benchmark: the kernels a CPU run gets, chosen before TensorFlow loads.
 process_setup.apply_cpu_kernel_choice("auto", "cpu")
 
+import dataclasses  # noqa: E402
+
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 from absl import logging  # noqa: E402
@@ -57,9 +59,12 @@ NATIVE_BF16 = ("keras_bfloat16", "ours_bfloat16_native")
 
 
 def ours_v1_layout(cfg: TrainConfig) -> keras.Model:
-  """Our model with the stride on the first 1x1 conv, as Keras's ResNet50:
-  the same FLOPs as the reference, so only our BN, loop and layers differ."""
-  return build_model(cfg.model, cfg.distribution, stride_in_3x3=False)
+  """Our model in keras.applications.ResNet50's layout (stride on the first
+  1x1 conv): the same FLOPs as the reference, so only our BN, loop and
+  layers differ."""
+  return build_model(
+      dataclasses.replace(cfg.model, resnet_layout="keras_v1"),
+      cfg.distribution)
 
 
 def forward_flops(model: keras.Model) -> int:
@@ -264,7 +269,7 @@ def markdown(models: dict, host_loop: dict, result: dict,
   lines += [
       "",
       "Equal FLOPs: our model with the stride on the first 1x1 conv "
-      "(keras.applications' v1 layout, `build_resnet(stride_in_3x3=False)`),"
+      "(keras.applications' v1 layout, `--resnet_layout=keras_v1`),"
       f" float32: {v1['median']:.2f} ({v1['min']:.2f}-{v1['max']:.2f}) "
       f"images/s, {result['ours_v1_layout_vs_keras_fp32']:.2f}x Keras.",
   ]

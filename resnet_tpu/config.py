@@ -19,6 +19,7 @@ from resnet_tpu.clock import parse_batch_size_schedule
 
 # The choices of the enum flags.
 RESNET_DEPTHS = (18, 34, 50, 101, 152, 200)
+RESNET_LAYOUTS = ("v1.5", "keras_v1")
 PRECISIONS = ("float32", "bfloat16", "float16")
 BFLOAT16_CONV_KERNELS = ("auto", "native", "float32")
 STRATEGIES = ("auto", "tpu", "gpu", "cpu", "multi_worker")
@@ -41,6 +42,8 @@ CONFIG_FILE = "config.json"
 # The config.json keys that rebuild the network and its inputs.
 MODEL_KEYS = ("resnet_depth", "num_classes", "image_size", "bn_group_size",
               "bn_momentum", "bn_epsilon", "precision", "label_offset")
+# config.json records written before --resnet_layout existed are v1.5 (the
+# default), so it is not required of a record.
 
 
 # config.json's list of the changes deliberate resumes made.
@@ -101,6 +104,7 @@ class InputConfig:
 class ModelConfig:
   """The network's part (model/resnet.py): its shape, precision and BN."""
   resnet_depth: int = 50
+  resnet_layout: str = "v1.5"
   num_classes: int = 1000
   image_size: int = 224
   precision: str = "float32"
@@ -110,6 +114,7 @@ class ModelConfig:
   bn_epsilon: float = 1e-5
   bn_stats: str = "moving_average"
   bn_recompute_batches: int = 10
+  freeze_bn: bool = False
 
   @property
   def compute_dtype(self) -> str:
@@ -361,6 +366,7 @@ RANGES: dict[str, Range] = {
 # Every enum flag and its choices (flags.py defines them).
 CHOICES: dict[str, tuple] = {
     "resnet_depth": RESNET_DEPTHS,
+    "resnet_layout": RESNET_LAYOUTS,
     "precision": PRECISIONS,
     "bfloat16_conv_kernels": BFLOAT16_CONV_KERNELS,
     "strategy": STRATEGIES,
@@ -441,6 +447,12 @@ def validate(cfg: TrainConfig, num_replicas: int | None = None) -> None:
               (dist.tpu or dist.strategy == "tpu")),
          "--precision=float16 is for GPUs without fast bfloat16 (V100, T4); "
          "TPUs compute in bfloat16: use --precision=bfloat16.")
+  _check(not cfg.model.freeze_bn or bool(run.init_checkpoint),
+         "--freeze_bn keeps the BN statistics, scales and offsets of the "
+         "network a run starts from: set --init_checkpoint.")
+  _check(not (cfg.model.freeze_bn and cfg.model.bn_stats == "recompute"),
+         "--freeze_bn keeps the checkpoint's BN statistics; "
+         "--bn_stats=recompute would replace them: use moving_average.")
   _check(not (optim.skip_nonfinite_steps and run.batch_size_schedule),
          "--skip_nonfinite_steps does not support --batch_size_schedule "
          "(gradient accumulation); a NaN/Inf loss there stops training.")

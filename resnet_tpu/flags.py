@@ -19,6 +19,10 @@ HELP = {
     "use_synthetic_data": "Feed a constant random batch: measures the model "
                           "without any input pipeline.",
     "resnet_depth": "ResNet depth: 18, 34, 50, 101, 152 or 200.",
+    "resnet_layout": "v1.5 (Goyal et al.: stride on the 3x3 conv, ImageNet "
+                     "mean/std input) or keras_v1 (keras.applications."
+                     "ResNet50's network and Caffe preprocessing, for its "
+                     "converted weights: tools/convert_keras_weights.py).",
     "num_classes": "Number of classes (1000 for ImageNet).",
     "image_size": "Training and eval image side in pixels.",
     "precision": "float32, bfloat16 (convs/activations in bfloat16; BN "
@@ -38,6 +42,9 @@ HELP = {
                 "checkpoint, set BN statistics to the exact mean/variance of "
                 "--bn_recompute_batches training batches (Akiba et al.).",
     "bn_recompute_batches": "Training batches for --bn_stats=recompute.",
+    "freeze_bn": "Fine-tuning: every BN layer keeps the --init_checkpoint "
+                 "network's statistics, scale and offset (inference mode, "
+                 "as Keras's transfer-learning guide).",
     "bn_all_reduce": "How distributed BN sums statistics: auto (TPU "
                      "CrossReplicaSum / subgroup collectives), collective, "
                      "or masked (full all-reduce of a one-hot buffer).",

@@ -62,14 +62,15 @@ def find_source(init_checkpoint: str) -> Source:
 def check_compatible(cfg: TrainConfig, source: Source) -> None:
   """Raises ConfigError when the source network cannot seed this one."""
   mine = cfg.flat()
-  differ = [f"--{key}={source.config[key]} there, {mine[key]} here"
-            for key in ("resnet_depth", "image_size")
-            if source.config.get(key) != mine[key]]
+  theirs = export.config_from_record(source.config).flat()
+  differ = [f"--{key}={theirs[key]} there, {mine[key]} here"
+            for key in ("resnet_depth", "resnet_layout", "image_size")
+            if theirs[key] != mine[key]]
   if differ:
     raise ConfigError(
         f"--init_checkpoint={source.checkpoint!r} is another network "
-        f"({'; '.join(differ)}); fine-tuning keeps the depth and the image "
-        "size of the network it starts from.")
+        f"({'; '.join(differ)}); fine-tuning keeps the depth, the layout and "
+        "the image size of the network it starts from.")
 
 
 def _weighted(model: keras.Model) -> list[keras.layers.Layer]:

@@ -1,6 +1,7 @@
 """--init_checkpoint: a new run starts from another run's network weights,
 with a fresh classifier for another class count (resnet_tpu/warm_start.py,
 issue 37)."""
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -92,3 +93,32 @@ def test_another_network_is_refused_before_startup(pretrained, tmp_path,
   with pytest.raises(ConfigError, match=r"--init_checkpoint='.*empty' holds "
                      "no checkpoint"):
     run_lib.run(_config(tmp_path, init_checkpoint=str(tmp_path / "empty")))
+
+
+def test_freeze_bn_keeps_the_checkpoint_s_bn_while_the_convs_train(
+    pretrained, tmp_path):
+  source_cfg, source = pretrained
+  cfg = _config(tmp_path, num_classes=7, freeze_bn=True,
+                init_checkpoint=source_cfg.model_dir)
+  run_lib.run(cfg)
+  trainer = Trainer(cfg, cpu_strategy(1))
+  assert trainer.restore() == 2
+  bn_weights = {id(w) for layer in trainer.model.layers
+                if isinstance(layer, keras.layers.BatchNormalization)
+                for w in layer.weights}
+  bn = [(v, theirs) for v, theirs in zip(trainer.model.weights, source)
+        if id(v) in bn_weights]
+  assert len(bn) == 4 * 20  # gamma, beta, mean, variance of ResNet-18's BNs
+  for var, theirs in bn:
+    np.testing.assert_array_equal(var.numpy(), theirs, err_msg=var.path)
+  kernels = [(v, theirs) for v, theirs in zip(trainer.model.weights, source)
+             if v.path.endswith("conv1/kernel")]
+  assert kernels and all(np.any(v.numpy() != theirs) for v, theirs in kernels)
+
+
+def test_freeze_bn_needs_a_checkpoint_and_its_statistics(tmp_path):
+  with pytest.raises(ConfigError, match="--freeze_bn .* set --init_checkpoint"):
+    run_lib.run(_config(tmp_path, freeze_bn=True))
+  with pytest.raises(ConfigError, match="--freeze_bn .* --bn_stats=recompute"):
+    run_lib.run(_config(tmp_path, freeze_bn=True, bn_stats="recompute",
+                        init_checkpoint=str(tmp_path)))

@@ -63,7 +63,7 @@ def test_bfloat16_policy_keeps_logits_float32():
 
 
 def test_v1_layout_downsamples_in_the_first_1x1_conv_as_keras_does():
-  model = build_resnet(50, 1000, 224, stride_in_3x3=False)
+  model = build_resnet(50, 1000, 224, layout="keras_v1")
   for stage in (2, 3, 4):
     block = f"stage{stage}_block1"
     assert model.get_layer(block + "_conv1").strides == (2, 2)

@@ -40,6 +40,10 @@ from resnet_tpu.model.distributed_batch_norm import DistributedBatchNormalizatio
 # ImageNet channel statistics on the 0..255 scale.
 MEAN_RGB = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 STDDEV_RGB = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+# keras.applications.resnet's "caffe" preprocessing: BGR channels minus these
+# means, unscaled (listed here in RGB order; the converter reorders the stem
+# conv's input channels instead of the images).
+CAFFE_MEAN_RGB = (123.68, 116.779, 103.939)
 
 # depth -> (block kind, blocks per stage)
 LAYERS = {
@@ -58,14 +62,31 @@ def conv_initializer() -> keras.initializers.Initializer:
       scale=1.0, mode="fan_in", distribution="truncated_normal")
 
 
-def stem_max_pool(x):
+def stem_max_pool(x, symmetric: bool = False):
   """3x3/2 max-pool with SAME padding, as tensorflow/tpu's stem.
 
   On an even input SAME pads 0 rows before and 1 after, so output i covers
-  inputs 2i..2i+2 (a symmetric 1/1 pad would cover 2i-1..2i+1).
+  inputs 2i..2i+2. symmetric=True pads 1/1 with zeros first, as
+  keras.applications.ResNet50 does (output i covers 2i-1..2i+1; the input
+  follows a ReLU, so a zero pad never wins the max over a real value).
   """
-  return keras.layers.MaxPooling2D(3, strides=2, padding="same",
+  if symmetric:
+    x = keras.layers.ZeroPadding2D(1, name="stem_pool_pad")(x)
+  return keras.layers.MaxPooling2D(3, strides=2,
+                                   padding="valid" if symmetric else "same",
                                    name="stem_pool")(x)
+
+
+def input_normalization(layout: str) -> keras.layers.Layer:
+  """Raw 0..255 RGB to the stem's input: ImageNet mean/std (v1.5), or
+  keras.applications' Caffe means without scaling (keras_v1)."""
+  if layout == "keras_v1":
+    return keras.layers.Normalization(mean=CAFFE_MEAN_RGB,
+                                      variance=[1.0, 1.0, 1.0],
+                                      dtype="float32", name="normalize")
+  return keras.layers.Normalization(
+      mean=MEAN_RGB, variance=[s * s for s in STDDEV_RGB], dtype="float32",
+      name="normalize")
 
 
 def _conv(x, filters: int, kernel: int, strides: int, name: str,
@@ -82,11 +103,13 @@ def _conv(x, filters: int, kernel: int, strides: int, name: str,
       float32_kernels=float32_kernels, name=name)(x)
 
 
-def _bn(x, group_size: int, name: str, zero_gamma: bool = False, **bn_args):
+def _bn(x, group_size: int, name: str, zero_gamma: bool = False,
+        frozen: bool = False, **bn_args):
   """bn_args: momentum, epsilon, all_reduce, collective_timeout_s, groups
-  (DistributedBatchNormalization)."""
+  (DistributedBatchNormalization). frozen: not trainable, so training runs
+  it in inference mode on its moving statistics (--freeze_bn)."""
   return DistributedBatchNormalization(
-      group_size=group_size, **bn_args,
+      group_size=group_size, **bn_args, trainable=not frozen,
       gamma_initializer="zeros" if zero_gamma else "ones", name=name)(x)
 
 
@@ -146,41 +169,42 @@ def stack(x, block, filters: int, blocks: int, strides: int, group_size: int,
 def build_resnet(depth: int = 50, num_classes: int = 1000,
                  image_size: int = 224, bn_group_size: int = 1,
                  bn_momentum: float = 0.9, bn_epsilon: float = 1e-5,
-                 stride_in_3x3: bool = True,
+                 layout: str = "v1.5",
                  float32_kernels: bool = False, bn_all_reduce: str = "auto",
                  collective_timeout_s: float = 0.0,
-                 bn_groups: Sequence[Sequence[int]] | None = None
-                 ) -> keras.Model:
-  """ResNet v1.5 of `depth` taking raw 0..255 RGB images, returning logits.
+                 bn_groups: Sequence[Sequence[int]] | None = None,
+                 freeze_bn: bool = False) -> keras.Model:
+  """ResNet of `depth` taking raw 0..255 RGB images, returning logits.
 
+  layout "v1.5": the network described above. "keras_v1":
+  keras.applications.ResNet50's network (--resnet_layout), so that its
+  weights convert exactly (keras_weights.py): the bottlenecks' stride on the
+  first 1x1 conv, the stem pool padded 1/1, Caffe input means, unscaled.
   The dtype policy in force (keras.mixed_precision) decides the compute
   dtype; call this under `mixed_bfloat16` for bfloat16 training.
-  stride_in_3x3=False puts the bottlenecks' stride on the first 1x1 conv
-  (ResNet v1, keras.applications' layout): only lab/bench_train.py uses
-  it, to compare with Keras at equal FLOPs. float32_kernels=True runs the
-  bfloat16 convs on float32 kernels (resnet_tpu/model/bfloat16_convs.py).
-  bn_all_reduce, collective_timeout_s and bn_groups configure the BN groups'
-  all-reduce (bn_all_reduce.py).
+  float32_kernels=True runs the bfloat16 convs on float32 kernels
+  (resnet_tpu/model/bfloat16_convs.py). bn_all_reduce,
+  collective_timeout_s and bn_groups configure the BN groups' all-reduce
+  (bn_all_reduce.py). freeze_bn: every BN layer frozen (--freeze_bn).
   """
   kind, blocks = LAYERS[depth]
   if kind == "bottleneck":
-    block = functools.partial(bottleneck_block, stride_in_3x3=stride_in_3x3,
+    block = functools.partial(bottleneck_block,
+                              stride_in_3x3=layout == "v1.5",
                               float32_kernels=float32_kernels)
   else:
     block = functools.partial(basic_block, float32_kernels=float32_kernels)
   bn_args = {"momentum": bn_momentum, "epsilon": bn_epsilon,
-             "all_reduce": bn_all_reduce,
+             "frozen": freeze_bn, "all_reduce": bn_all_reduce,
              "collective_timeout_s": collective_timeout_s,
              "groups": bn_groups}
 
   inputs = keras.Input((image_size, image_size, 3), name="images")
-  x = keras.layers.Normalization(
-      mean=MEAN_RGB, variance=[s * s for s in STDDEV_RGB], dtype="float32",
-      name="normalize")(inputs)
+  x = input_normalization(layout)(inputs)
   x = _conv(x, 64, 7, 2, "stem_conv", float32_kernels)
   x = keras.layers.ReLU(name="stem_relu")(
       _bn(x, bn_group_size, "stem_bn", **bn_args))
-  x = stem_max_pool(x)
+  x = stem_max_pool(x, symmetric=layout == "keras_v1")
   for stage, (filters, n) in enumerate(zip((64, 128, 256, 512), blocks)):
     x = stack(x, block, filters, n, 1 if stage == 0 else 2, bn_group_size,
               f"stage{stage + 1}", bn_args)
@@ -189,7 +213,7 @@ def build_resnet(depth: int = 50, num_classes: int = 1000,
       num_classes, dtype="float32",
       kernel_initializer=keras.initializers.RandomNormal(stddev=0.01),
       name="logits")(x)
-  version = "v1_5" if stride_in_3x3 else "v1"
+  version = "v1_5" if layout == "v1.5" else layout
   return keras.Model(inputs, logits, name=f"resnet{depth}_{version}")
 
 
@@ -209,8 +233,8 @@ def dtype_policy(precision: str):
 
 def build_model(cfg: ModelConfig,
                 distribution: DistributionConfig = DistributionConfig(),
-                bn_groups: Sequence[Sequence[int]] | None = None,
-                stride_in_3x3: bool = True) -> keras.Model:
+                bn_groups: Sequence[Sequence[int]] | None = None
+                ) -> keras.Model:
   """The ResNet of `cfg` in the precision of `cfg`: the one mapping from a
   config's model part to the network (training, export and benchmarks use
   it). `distribution`: how BN sums its statistics (--bn_all_reduce,
@@ -219,7 +243,6 @@ def build_model(cfg: ModelConfig,
   Under a strategy scope, --bfloat16_conv_kernels=auto resolves for the
   strategy's devices (bfloat16_convs.py). `bn_groups`: the BN groups of a
   TPU placement (tpu_layout.py); None = replicas [k*g, (k+1)*g).
-  stride_in_3x3=False: ResNet v1's layout (see build_resnet).
   """
   float32_kernels = False
   if cfg.precision == "bfloat16":
@@ -231,8 +254,8 @@ def build_model(cfg: ModelConfig,
   with dtype_policy(cfg.precision):
     return build_resnet(cfg.resnet_depth, cfg.num_classes, cfg.image_size,
                         cfg.bn_group_size, cfg.bn_momentum, cfg.bn_epsilon,
-                        stride_in_3x3=stride_in_3x3,
+                        layout=cfg.resnet_layout,
                         float32_kernels=float32_kernels,
                         bn_all_reduce=distribution.bn_all_reduce,
                         collective_timeout_s=distribution.collective_timeout_s,
-                        bn_groups=bn_groups)
+                        bn_groups=bn_groups, freeze_bn=cfg.freeze_bn)

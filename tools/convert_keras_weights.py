@@ -1,0 +1,114 @@
+"""keras.applications' ImageNet ResNet weights as a run this project starts from.
+
+  python -m tools.convert_keras_weights \
+      --keras_weights=resnet50_weights_tf_dim_ordering_tf_kernels.h5 \
+      --output_dir=gs://bucket/keras_resnet50 [--depth=50] [--image_size=224]
+  python main.py --flagfile=flags/... --resnet_layout=keras_v1 \
+      --init_checkpoint=gs://bucket/keras_resnet50 --num_classes=N ...
+
+--keras_weights is a weights file downloaded elsewhere (nothing is fetched
+here): with the classifier ("..._tf_kernels.h5", 1,000 ImageNet classes in
+synset order, which is this project's label order) or without it
+(--noinclude_top, "..._notop.h5": the classifier stays freshly initialised,
+so fine-tune it with another --num_classes or train it). The output folder
+holds a checkpoint and a config.json, as a run's model_dir does: the
+network built with --resnet_layout=keras_v1, Keras's BN momentum and epsilon,
+and the weights converted exactly (resnet_tpu/model/keras_weights.py).
+tools.evaluate and tools.export_savedmodel read it as they read a run.
+"""
+from absl import app
+from absl import flags
+from absl import logging
+import keras
+import tensorflow as tf
+
+from resnet_tpu import config as config_lib
+from resnet_tpu.config import TrainConfig
+from resnet_tpu.model import keras_weights
+from resnet_tpu.model.resnet import build_model
+
+FLAGS = flags.FLAGS
+KERAS_RESNETS = {50: "ResNet50", 101: "ResNet101", 152: "ResNet152"}
+IMAGENET_CLASSES = 1000
+
+
+def define_flags() -> None:
+  flags.DEFINE_string("keras_weights", None, "keras.applications ResNet "
+                      "weights file (.h5 or .weights.h5).")
+  flags.DEFINE_string("output_dir", None, "Folder to write the checkpoint "
+                      "and config.json into (local or gs://).")
+  flags.DEFINE_enum("depth", "50", [str(d) for d in KERAS_RESNETS],
+                    "ResNet depth of the weights file.")
+  flags.DEFINE_integer("image_size", 224, "--image_size of the runs that "
+                       "will start from it (the weights fit any size).")
+  flags.DEFINE_bool("include_top", True, "The file holds the 1,000-class "
+                    "classifier (false for the _notop files).")
+
+
+def keras_model(path: str, depth: int, image_size: int,
+                include_top: bool) -> keras.Model:
+  """keras.applications.ResNet<depth> with the weights of `path`, returning
+  logits; ValueError names a file that is missing or of another network."""
+  if not tf.io.gfile.exists(path):
+    raise ValueError(f"--keras_weights={path} does not exist.")
+  builder = getattr(keras.applications, KERAS_RESNETS[depth])
+  try:
+    return builder(weights=path, include_top=include_top,
+                   classifier_activation=None,
+                   input_shape=(image_size, image_size, 3))
+  except (ValueError, OSError) as error:
+    raise ValueError(
+        f"--keras_weights={path} is not a keras.applications ResNet-{depth} "
+        f"weights file {'with' if include_top else 'without'} the "
+        f"classifier (--include_top={include_top}): {error}") from None
+
+
+def converted_config(output_dir: str, depth: int, image_size: int,
+                     keras_bn: keras.layers.Layer) -> TrainConfig:
+  """The config of the converted network: Keras's layout and BN."""
+  return TrainConfig.from_flat(
+      output_dir, resnet_depth=depth, resnet_layout="keras_v1",
+      num_classes=IMAGENET_CLASSES, image_size=image_size,
+      bn_momentum=float(keras_bn.momentum), bn_epsilon=float(keras_bn.epsilon),
+      use_synthetic_data=True, train_steps=1)
+
+
+def convert(path: str, output_dir: str, depth: int = 50,
+            image_size: int = 224, include_top: bool = True) -> str:
+  """Writes the converted checkpoint and config.json; returns the
+  checkpoint's path. ValueError names what is wrong with the inputs."""
+  if tf.train.latest_checkpoint(output_dir):
+    raise ValueError(f"--output_dir={output_dir} already holds a checkpoint.")
+  source = keras_model(path, depth, image_size, include_top)
+  cfg = converted_config(output_dir, depth, image_size,
+                         source.get_layer("conv1_bn"))
+  model = build_model(cfg.model)
+  if not keras_weights.convert(source, model, depth):
+    logging.warning("No classifier in %s: the logits layer keeps its fresh "
+                    "initialisation; fine-tune with another --num_classes.",
+                    path)
+  checkpoint = tf.train.CheckpointManager(
+      tf.train.Checkpoint(model=model), output_dir, max_to_keep=1).save(
+          checkpoint_number=0)
+  config_lib.write_config(cfg)
+  return checkpoint
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  try:
+    if not FLAGS.keras_weights or not FLAGS.output_dir:
+      raise ValueError("Set --keras_weights and --output_dir.")
+    checkpoint = convert(FLAGS.keras_weights, FLAGS.output_dir,
+                         int(FLAGS.depth), FLAGS.image_size,
+                         FLAGS.include_top)
+  except ValueError as error:
+    raise app.UsageError(str(error)) from error
+  print(f"Wrote {checkpoint}. Fine-tune from it with --resnet_layout=keras_v1 "
+        f"--resnet_depth={FLAGS.depth} --image_size={FLAGS.image_size} "
+        f"--init_checkpoint={FLAGS.output_dir}", flush=True)
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)
