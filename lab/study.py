@@ -1,7 +1,8 @@
 r"""The papers' central claims, each testable either way, on real photos.
 
   python -m lab.study [--studies=lr,a,b,c,baseline,crop] [--smoke|--full] \
-      [--image_dir=D] [--estimate_only] [--budget_minutes=90]
+      [--image_dir=D] [--estimate_only] [--budget_minutes=90] \
+      [--halvings=N] [--lr_choice=bench_results/studies/lr_choice.json]
 
 Trains lab/study_model.py's narrow ResNet-10 through the real path:
 class-folder JPEGs -> data/build_tfrecords.py -> the input pipeline ->
@@ -26,7 +27,9 @@ pre-declared criteria (lab/study_verdict.py):
      final batch at equal epochs and at equal steps, and the small batch;
   baseline  the same network in stock Keras model.fit, equal budget;
   crop  the Inception crop (min area 0.08) against min area 0.35 and the
-        whole image (stock Keras's plain resize, flip kept).
+        whole image (stock Keras's plain resize, flip kept);
+  ladder  stock Keras gains the project's network choices one at a time
+          up to the project's path, which then loses each in turn.
 
 Each writes <name>.md, .json and .png to --output_dir, the JSON with its
 criteria, verdicts, steps at the largest batch and the control's
@@ -39,6 +42,7 @@ the CI test's few-step version.
 """
 import dataclasses
 import gc
+import json
 import os
 import shutil
 import signal
@@ -56,7 +60,7 @@ from lab import study_runner
 from lab import study_verdict
 
 FLAGS = flags.FLAGS
-STUDIES = ("lr", "a", "b", "c", "baseline", "crop")
+STUDIES = ("lr", "a", "b", "c", "baseline", "crop", "ladder")
 MAX_HALVINGS = 4
 PATH_FLAGS = ("--work_dir", "--cache_dir", "--output_dir", "--image_dir",
               "--fashion_mnist_dir")
@@ -85,6 +89,11 @@ def define_flags() -> None:
                       "(metrics.jsonl and config.json are kept).")
   flags.DEFINE_string("output_dir", "bench_results/studies",
                       "Where the .md, .json and .png of each study go.")
+  flags.DEFINE_string("lr_choice", "", "A study lr's JSON (lr_choice.json) "
+                      "at the same scale: its chosen LR rules are taken "
+                      "instead of running lr again.")
+  flags.DEFINE_integer("halvings", -1, "Halve the images this many times "
+                       "instead of fitting --budget_minutes (-1: fit).")
   flags.DEFINE_enum("strategy", "cpu", ["cpu", "gpu", "tpu"], "--strategy "
                     "of every run; gpu/tpu need as many devices as the "
                     "scale's replicas.")
@@ -96,12 +105,28 @@ def command(argv: list[str]) -> str:
   return " ".join(["python -m lab.study"] + kept)
 
 
+def chosen_lr_scales(path: str, scale: study_plan.Scale) -> dict | None:
+  """The chosen LR rules of the lr_choice.json at `path`; ValueError when
+  it was chosen at another scale."""
+  with open(path) as f:
+    record = json.load(f)
+  if record["scale"] != json.loads(json.dumps(dataclasses.asdict(scale))):
+    raise ValueError(f"--lr_choice={path} was chosen at another scale "
+                     f"({record['scale']['num_train']} images, batches "
+                     f"{record['scale']['batches']}) than this run's "
+                     f"({scale.num_train}, {list(scale.batches)}).")
+  return record["chosen_lr_scales"]
+
+
 def run_studies(names: list[str], scale: study_plan.Scale,
-                runner: "study_runner.Runner") -> list[str]:
-  """Runs the named studies in order; returns the files written."""
+                runner: "study_runner.Runner",
+                lr_scales: dict | None = None) -> list[str]:
+  """Runs the named studies in order; returns the files written.
+  `lr_scales`: lr's choice, already made (lr does not run again)."""
   written, base, plan = [], runner.base, study_plan
-  lr_scales = None
-  if any(name in plan.NEEDS_LR for name in names):
+  if lr_scales is not None:
+    logging.info("LR rules taken from --lr_choice: %s", lr_scales)
+  elif any(name in plan.NEEDS_LR for name in names):
     lr_runs = plan.lr_runs(base, scale)
     lr_scales = plan.chosen_lr_scales(runner.execute_all(lr_runs))
     logging.info("LR rules chosen at batch %d: %s", min(scale.batches),
@@ -139,6 +164,11 @@ def run_studies(names: list[str], scale: study_plan.Scale,
     written += runner.study("crop", plan.crop_runs(base, scale, lr_scales),
                             plan.crop_criteria(),
                             extra={"chosen_lr_scales": lr_scales})
+  if "ladder" in names:
+    written += runner.study(
+        "ladder", plan.ladder_runs(base, scale, lr_scales),
+        plan.ladder_criteria(plan.lr_scale(lr_scales, "momentum")),
+        extra={"chosen_lr_scales": lr_scales})
   return written
 
 
@@ -219,7 +249,12 @@ def main(argv: list[str]) -> None:
   plan = runner.plan(names)
   logging.info("Plan: %d runs of %s; %s", len(plan), data.name,
                runner.describe(plan))
-  if not FLAGS.smoke:
+  if FLAGS.halvings >= 0:
+    fitted = scale
+    for _ in range(FLAGS.halvings):
+      fitted = fitted.shrunk()
+    scale, runner = make_runner(fitted, load_data(fitted))
+  elif not FLAGS.smoke:
     # A user's --image_dir is used whole: only Fashion-MNIST is subset.
     fitted = fit_budget(names, runner, 60 * FLAGS.budget_minutes,
                         shrink=not (FLAGS.full or FLAGS.image_dir))
@@ -227,7 +262,12 @@ def main(argv: list[str]) -> None:
       return
     if fitted.num_train != scale.num_train:
       scale, runner = make_runner(fitted, load_data(fitted), runner.costs)
-  written = run_studies(names, scale, runner)
+  try:
+    lr_scales = (chosen_lr_scales(FLAGS.lr_choice, scale)
+                 if FLAGS.lr_choice else None)
+  except ValueError as error:
+    raise app.UsageError(str(error)) from error
+  written = run_studies(names, scale, runner, lr_scales)
   runner.discard_checkpoints()
   gc.collect()
   shutil.rmtree(os.path.join(FLAGS.work_dir, "calibration"),

@@ -76,13 +76,13 @@ def schedule(cfg: TrainConfig, steps: int, batch: int
       warmup_target=peak_learning_rate(cfg, batch), warmup_steps=warmup)
 
 
-def build(cfg: TrainConfig) -> keras.Model:
-  """The stock network compiled with cfg's optimizer, LR rule and loss."""
+def build(cfg: TrainConfig, features: tuple[str, ...] = ()) -> keras.Model:
+  """The stock network compiled with cfg's optimizer, LR rule and loss;
+  `features`: the project's choices it takes (study_model.FEATURES)."""
   steps = cfg.run.total_train_steps
   batch = cfg.run.clock.batch_size_schedule[-1][1]
-  model = study_model.stock_narrow_resnet(cfg.model.num_classes,
-                                          cfg.model.image_size,
-                                          cfg.optim.weight_decay)
+  model = study_model.stock_narrow_resnet(cfg.model, cfg.optim.weight_decay,
+                                          features)
   model.compile(
       optimizer=keras.optimizers.SGD(schedule(cfg, steps, batch),
                                      momentum=cfg.optim.momentum,
@@ -123,14 +123,15 @@ class TrainTimer(keras.callbacks.Callback):
       self.steps += self._batches
 
 
-def fit(cfg: TrainConfig) -> dict:
-  """Trains and evaluates the stock network at cfg's budget (momentum);
-  cfg's steps are a multiple of EVALS (study_plan.baseline_runs). The
-  record's `trained_with` is read back before training (trained_with)."""
+def fit(cfg: TrainConfig, features: tuple[str, ...] = ()) -> dict:
+  """Trains and evaluates the stock network (with the project's
+  `features`) at cfg's budget (momentum); cfg's steps are a multiple of
+  EVALS (study_plan.baseline_runs). The record's `trained_with` is read
+  back before training (trained_with)."""
   keras.utils.set_random_seed(cfg.run.seed)
   steps = cfg.run.total_train_steps
   batch = cfg.run.clock.batch_size_schedule[-1][1]
-  model = build(cfg)
+  model = build(cfg, features)
   settings = trained_with(model, steps)
   quarter = steps // EVALS
   timer = TrainTimer()

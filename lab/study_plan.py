@@ -30,12 +30,16 @@ smoothing off for the best optimizer at the largest batch; c (Mikami et
 al. 2018) a growing batch against the final batch at equal epochs and at
 equal steps, and the small batch as a ceiling; baseline: the same network
 in stock Keras model.fit beside the project's path; crop: the Inception
-crop (min area 0.08) against min area 0.35 and the whole image (CROPS).
+crop (min area 0.08) against min area 0.35 and the whole image (CROPS);
+ladder (issue 36): stock Keras gains the project's choices one at a time
+up to the project's path on the whole image, and the project's path loses
+one at a time (ladder_runs).
 """
 import dataclasses
 import math
 
 from resnet_tpu.config import TrainConfig
+from lab import study_model
 from lab.study_verdict import Criterion, WITHIN
 
 OPTIMIZERS = ("momentum", "lars", "rmsprop_warmup")
@@ -46,7 +50,7 @@ SMALL_IMAGE_CROP = 0.35
 IMAGENET_CROP = 0.08
 KEEPS_ACCURACY_POINTS = 1.0  # b: "keeps small-batch accuracy" margin
 LR_SCALES = (0.5, 1.0, 2.0)  # study lr: times each rule's peak LR
-NEEDS_LR = ("lr", "a", "b", "c", "baseline", "crop")  # lr runs first
+NEEDS_LR = ("lr", "a", "b", "c", "baseline", "crop", "ladder")  # lr first
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +116,8 @@ class Run:
   # "project"; "stock_keras" (lab/study_baseline.py); or "recomputed":
   # the previous run's final weights evaluated with recomputed statistics.
   path: str = "project"
+  # stock_keras: the project's network choices it takes (ladder).
+  features: tuple[str, ...] = ()
 
   @property
   def label(self) -> str:
@@ -189,6 +195,8 @@ def baselines(name: str, scale: Scale) -> list[tuple]:
     return [(("schedule", "small batch (ceiling)"),)]
   if name == "baseline":
     return [(("path", path),) for path in ("project", "stock_keras")]
+  if name == "ladder":
+    return [(("rung", ladder_points(1.0)[0][0]),), (("rung", PROJECT_RUNG),)]
   return [(("train_crop", name),) for name in CROPS]
 
 
@@ -376,3 +384,65 @@ def crop_criteria() -> list[Criterion]:
                     "crop", inception, small),
           Criterion(f"the whole image beats min area {SMALL_IMAGE_CROP:g}",
                     small, whole)]
+
+
+# The ladder's project runs train on the whole image and evaluate it
+# uncropped, as the stock side does (the crop study prices the crop).
+WHOLE_IMAGE = dict(train_crop_min_area=1.0, train_crop_max_aspect=1.0,
+                   eval_crop_fraction=1.0)
+PROJECT_RUNG = "the project's path"
+
+
+def ladder_points(lr_factor: float) -> list[tuple[str, tuple[str, ...]]]:
+  """The forward ladder's stock rungs in order: (name, features taken)."""
+  rungs = [("stock Keras, LR x1 (Goyal's 0.1 per 256)", ()),
+           (f"stock Keras, LR x{lr_factor:g} (lr's choice)", ())]
+  for k, feature in enumerate(study_model.FEATURES):
+    rungs.append((f"+ {feature}", study_model.FEATURES[:k + 1]))
+  return rungs
+
+
+def ladder_runs(base: TrainConfig, scale: Scale,
+                lr_scales: dict[str, float] | None = None) -> list[Run]:
+  """ladder: momentum at the smallest batch, the baseline's steps.
+  Forward: stock Keras at the papers' LR, then at lr's choice (the
+  baseline's stock runs), then + each of study_model.FEATURES in turn, then
+  the project's path on the whole image. Reverse: the project's path
+  without each feature (study_model.WITHOUT's flags)."""
+  batch, factor = min(scale.batches), lr_scale(lr_scales, "momentum")
+  steps = baseline_runs(base, scale, lr_scales)[-1].cfg.run.total_train_steps
+  runs = []
+  for seed in scale.seeds:
+    for k, (name, features) in enumerate(ladder_points(factor)):
+      run = batch_run("ladder", base, scale, "momentum", ((0.0, batch),),
+                      seed, (("rung", name),), train_steps=steps,
+                      lr_scale=1.0 if k == 0 else factor)
+      runs.append(dataclasses.replace(run, path="stock_keras",
+                                      features=features))
+    for name, flags in [(PROJECT_RUNG, {})] + [
+        (f"project - {f}", study_model.WITHOUT[f])
+        for f in study_model.FEATURES]:
+      run = batch_run("ladder", base, scale, "momentum", ((0.0, batch),),
+                      seed, (("rung", name),), train_steps=steps,
+                      lr_scale=factor)
+      runs.append(dataclasses.replace(
+          run, cfg=run.cfg.replace(**WHOLE_IMAGE, **flags)))
+  return runs
+
+
+def ladder_criteria(lr_factor: float) -> list[Criterion]:
+  """Each stock rung against the one below; the project's path against
+  the top stock rung (equal settings); the project's path against itself
+  without each feature."""
+  rungs = [(("rung", name),) for name, _ in ladder_points(lr_factor)]
+  names = [name for name, _ in ladder_points(lr_factor)]
+  project = (("rung", PROJECT_RUNG),)
+  found = [Criterion(f"{names[k]} beats {names[k - 1]}", rungs[k - 1],
+                     rungs[k]) for k in range(1, len(rungs))]
+  found.append(Criterion("the project's path beats stock Keras with every "
+                         "one of its network choices (equal settings)",
+                         rungs[-1], project))
+  found += [Criterion(f"{feature} helps the project's path",
+                      (("rung", f"project - {feature}"),), project)
+            for feature in study_model.FEATURES]
+  return found

@@ -56,6 +56,16 @@ TEXT = {
                  "The ImageNet crop (min area 0.08) cuts small centred "
                  "objects away; a larger minimum area keeps them.",
                  "train_crop", True),
+    "ladder": Text("ladder", "The gap to stock Keras, feature by feature "
+                   "(issue 36)",
+                   "Stock Keras model.fit gains the project's choices one "
+                   "at a time (its LR rule, conv init, zero-init gamma, BN "
+                   "momentum and epsilon, input normalisation), each read "
+                   "back from the built model; the last rung is the "
+                   "project's own path (its input pipeline, distributed BN "
+                   "at group 1, its trainer) on the same whole images. "
+                   "The project's path then loses each choice in turn.",
+                   "rung", True),
 }
 
 

@@ -101,8 +101,8 @@ class Runner:
     return dict(self._costs)
 
   def _key(self, item: study_plan.Run) -> str:
-    return json.dumps([item.path, study_report.settings(item.cfg)],
-                      sort_keys=True)
+    return json.dumps([item.path, list(item.features),
+                       study_report.settings(item.cfg)], sort_keys=True)
 
   def execute(self, item: study_plan.Run, folder: str = "") -> dict:
     """Trains `item` (once per distinct config); returns its record."""
@@ -124,8 +124,8 @@ class Runner:
     project_side = study_settings.project(cfg, study_model.narrow_resnet)
     start, cpu_start = time.time(), time.process_time()
     if item.path == "stock_keras":
-      check_same_settings(cfg, project_side)
-      record = study_baseline.fit(cfg)
+      check_same_settings(cfg, project_side, item.features)
+      record = study_baseline.fit(cfg, item.features)
       record.update(top5=float("nan"), test_examples=self.data.num_test)
     else:
       compat.shift_collective_keys(tf.distribute.MirroredStrategy, 100000)
@@ -247,6 +247,8 @@ class Runner:
       runs += study_plan.baseline_runs(base, scale)
     if "crop" in names:
       runs += study_plan.crop_runs(base, scale)
+    if "ladder" in names:
+      runs += study_plan.ladder_runs(base, scale)
     unique = {self._key(r): r for r in runs}
     return list(unique.values())
 
@@ -316,13 +318,17 @@ class Runner:
             record.get("eval_seconds", 0.0))
 
 
-def check_same_settings(cfg: TrainConfig, project_side: dict) -> None:
+def check_same_settings(cfg: TrainConfig, project_side: dict,
+                        features: tuple[str, ...] = ()) -> None:
   """Raises ValueError, before the stock run trains, when the stock-Keras
-  side of `cfg` would train with other shared settings (study_settings.
-  SHARED) than the project's side read back as `project_side`."""
-  stock = study_baseline.trained_with(study_baseline.build(cfg),
+  side of `cfg` (with the project's `features`) would train with other
+  shared settings (study_settings.SHARED) than the project's side read
+  back as `project_side`, or its features are not what it claims."""
+  stock = study_baseline.trained_with(study_baseline.build(cfg, features),
                                       cfg.run.total_train_steps)
-  differ = study_settings.differences(project_side, stock)
+  differ = (study_settings.differences(project_side, stock) +
+            study_settings.feature_differences(project_side, stock,
+                                               features))
   if differ:
     raise ValueError("The stock-Keras baseline and the project's path would "
                      "train with different settings (project, stock): "

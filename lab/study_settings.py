@@ -14,9 +14,13 @@ optimizer, model and loss are read here, after they are built:
 - label smoothing of the loss;
 - BN momentum and epsilon, and how many BN layers start with gamma 0;
 - each conv kernel's initial std times sqrt(fan_in) (1 for variance
-  1/fan_in, 1.41 for He's 2/fan_in): read before training.
+  1/fan_in, 1.41 for He's 2/fan_in): read before training;
+- the input's per-channel mean and std as the network's first layer
+  normalises it (Normalization or Rescaling).
 
-`differences` names each shared setting that the two sides do not share.
+`differences` names each shared setting that the two sides do not share;
+`feature_differences` checks a rung of the ladder: the features it claims
+to take from the project are the project's, the others are not.
 """
 import math
 import tempfile
@@ -42,6 +46,15 @@ CURVE_TOLERANCE = 0.02
 # Numbers agree to this relative difference (the largest LR over the steps
 # falls a fraction of a step either side of the schedule's peak).
 RELATIVE_TOLERANCE = 1e-3
+# The settings read back for each feature of lab/study_model.FEATURES.
+FEATURE_SETTINGS = {
+    "conv_init": ("conv_init_gain",),
+    "zero_gamma": ("zero_gamma_bn_layers",),
+    "bn_settings": ("bn_momentum", "bn_epsilon"),
+    "normalization": ("input_mean", "input_std"),
+}
+# Two conv init gains agree within this share: each is a sample's std.
+GAIN_TOLERANCE = 0.05
 
 
 def learning_rates(optimizer: keras.optimizers.Optimizer,
@@ -80,9 +93,27 @@ def _gain(kernel: np.ndarray) -> float:
   return float(np.std(kernel) * math.sqrt(fan_in))
 
 
+def input_scaling(model: keras.Model) -> dict:
+  """The per-channel mean and std that the network's first Normalization or
+  Rescaling layer takes off its 0..255 input (rounded to 0.01)."""
+  for layer in model.layers:
+    if isinstance(layer, keras.layers.Normalization):
+      mean = keras.ops.convert_to_numpy(layer.mean).ravel()
+      std = np.sqrt(keras.ops.convert_to_numpy(layer.variance).ravel())
+      break
+    if isinstance(layer, keras.layers.Rescaling):
+      mean = np.full(3, -layer.offset / layer.scale)
+      std = np.full(3, 1 / layer.scale)
+      break
+  else:
+    mean, std = np.zeros(3), np.ones(3)
+  return {"input_mean": [round(float(m), 2) for m in mean],
+          "input_std": [round(float(s), 2) for s in std]}
+
+
 def model_settings(model: keras.Model) -> dict:
-  """BN momentum/epsilon, zero-gamma BN layers and conv init gain; call it
-  on the model as built, before it trains."""
+  """BN momentum/epsilon, zero-gamma BN layers, conv init gain and input
+  scaling; call it on the model as built, before it trains."""
   bn = [layer for layer in model.layers
         if hasattr(layer, "moving_mean") and hasattr(layer, "gamma")]
   convs = [layer for layer in model.layers
@@ -96,6 +127,7 @@ def model_settings(model: keras.Model) -> dict:
       "conv_init_gain": float(np.median(
           [_gain(keras.ops.convert_to_numpy(layer.kernel))
            for layer in convs])),
+      **input_scaling(model),
   }
 
 
@@ -159,6 +191,28 @@ def differences(a: dict, b: dict, shared: Sequence[str] = SHARED
         found.append(f"{key}: {x} and {y}")
     elif x != y:
       found.append(f"{key}: {x} and {y}")
+  return found
+
+
+def _same(key: str, x, y) -> bool:
+  if key == "conv_init_gain":
+    return math.isclose(x, y, rel_tol=GAIN_TOLERANCE)
+  return x == y
+
+
+def feature_differences(project: dict, stock: dict,
+                        features: Sequence[str]) -> list[str]:
+  """What contradicts a rung that claims the project's `features` (and the
+  stock choice of every other FEATURE_SETTINGS feature), both sides read
+  back: each contradiction named with both values (project, stock)."""
+  found = []
+  for feature, keys in FEATURE_SETTINGS.items():
+    same = all(_same(k, project.get(k), stock.get(k)) for k in keys)
+    if same != (feature in features):
+      values = "; ".join(f"{k}: {project.get(k)} and {stock.get(k)}"
+                         for k in keys)
+      claim = "differs" if feature in features else "is the project's"
+      found.append(f"{feature} {claim} ({values})")
   return found
 
 

@@ -20,6 +20,8 @@ from resnet_tpu.clock import parse_batch_size_schedule
 # The choices of the enum flags.
 RESNET_DEPTHS = (18, 34, 50, 101, 152, 200)
 RESNET_LAYOUTS = ("v1.5", "keras_v1")
+CONV_INITS = ("fan_in", "he_normal")
+INPUT_NORMALIZATIONS = ("imagenet", "unit", "caffe")
 PRECISIONS = ("float32", "bfloat16", "float16")
 BFLOAT16_CONV_KERNELS = ("auto", "native", "float32")
 STRATEGIES = ("auto", "tpu", "gpu", "cpu", "multi_worker")
@@ -42,8 +44,9 @@ CONFIG_FILE = "config.json"
 # The config.json keys that rebuild the network and its inputs.
 MODEL_KEYS = ("resnet_depth", "num_classes", "image_size", "bn_group_size",
               "bn_momentum", "bn_epsilon", "precision", "label_offset")
-# config.json records written before --resnet_layout existed are v1.5 (the
-# default), so it is not required of a record.
+# Records written before --resnet_layout, --conv_init, --zero_init_gamma and
+# --input_normalization existed used their defaults, so they are not
+# required of a record.
 
 
 # config.json's list of the changes deliberate resumes made.
@@ -105,6 +108,9 @@ class ModelConfig:
   """The network's part (model/resnet.py): its shape, precision and BN."""
   resnet_depth: int = 50
   resnet_layout: str = "v1.5"
+  conv_init: str = "fan_in"
+  zero_init_gamma: bool = True
+  input_normalization: str = "imagenet"
   num_classes: int = 1000
   image_size: int = 224
   precision: str = "float32"
@@ -367,6 +373,8 @@ RANGES: dict[str, Range] = {
 CHOICES: dict[str, tuple] = {
     "resnet_depth": RESNET_DEPTHS,
     "resnet_layout": RESNET_LAYOUTS,
+    "conv_init": CONV_INITS,
+    "input_normalization": INPUT_NORMALIZATIONS,
     "precision": PRECISIONS,
     "bfloat16_conv_kernels": BFLOAT16_CONV_KERNELS,
     "strategy": STRATEGIES,

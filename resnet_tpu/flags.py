@@ -19,10 +19,19 @@ HELP = {
     "use_synthetic_data": "Feed a constant random batch: measures the model "
                           "without any input pipeline.",
     "resnet_depth": "ResNet depth: 18, 34, 50, 101, 152 or 200.",
-    "resnet_layout": "v1.5 (Goyal et al.: stride on the 3x3 conv, ImageNet "
-                     "mean/std input) or keras_v1 (keras.applications."
-                     "ResNet50's network and Caffe preprocessing, for its "
-                     "converted weights: tools/convert_keras_weights.py).",
+    "resnet_layout": "v1.5 (Goyal et al.: stride on the 3x3 conv, stem pool "
+                     "padded SAME as tensorflow/tpu) or keras_v1 (keras."
+                     "applications.ResNet50's network, for its converted "
+                     "weights: tools/convert_keras_weights.py).",
+    "conv_init": "Conv kernel init: fan_in (variance 1/fan_in, tensorflow/"
+                 "tpu's) or he_normal (2/fan_in, Keras's usual choice).",
+    "zero_init_gamma": "Start each residual block's last BN with gamma 0 "
+                       "(Goyal et al. §5.1), so each block starts as the "
+                       "identity.",
+    "input_normalization": "Inside the network: imagenet (ImageNet mean/std "
+                           "per channel), unit (pixels / 255, as a stock "
+                           "Keras model) or caffe (keras.applications' "
+                           "ResNet: Caffe means subtracted, unscaled).",
     "num_classes": "Number of classes (1000 for ImageNet).",
     "image_size": "Training and eval image side in pixels.",
     "precision": "float32, bfloat16 (convs/activations in bfloat16; BN "

@@ -64,13 +64,15 @@ def check_compatible(cfg: TrainConfig, source: Source) -> None:
   mine = cfg.flat()
   theirs = export.config_from_record(source.config).flat()
   differ = [f"--{key}={theirs[key]} there, {mine[key]} here"
-            for key in ("resnet_depth", "resnet_layout", "image_size")
+            for key in ("resnet_depth", "resnet_layout",
+                        "input_normalization", "image_size")
             if theirs[key] != mine[key]]
   if differ:
     raise ConfigError(
         f"--init_checkpoint={source.checkpoint!r} is another network "
-        f"({'; '.join(differ)}); fine-tuning keeps the depth, the layout and "
-        "the image size of the network it starts from.")
+        f"({'; '.join(differ)}); fine-tuning keeps the depth, the layout, "
+        "the input normalisation and the image size of the network it "
+        "starts from.")
 
 
 def _weighted(model: keras.Model) -> list[keras.layers.Layer]:

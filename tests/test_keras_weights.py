@@ -95,12 +95,15 @@ def test_another_bn_epsilon_moves_into_the_moving_variance(converted):
   theirs = source(keras.applications.resnet.preprocess_input(images.copy()),
                   training=False).numpy()
   model = build_model(ModelConfig(resnet_depth=50, resnet_layout="keras_v1",
+                                  input_normalization="caffe",
                                   image_size=SIZE, bn_epsilon=0.1))
   keras_weights.convert(source, model, 50)
   np.testing.assert_allclose(model(images, training=False).numpy(), theirs,
                              rtol=1e-4, atol=1e-4 * np.abs(theirs).max())
   too_large = build_model(ModelConfig(resnet_depth=50, image_size=SIZE,
-                                      resnet_layout="keras_v1", bn_epsilon=5))
+                                      resnet_layout="keras_v1",
+                                      input_normalization="caffe",
+                                      bn_epsilon=5))
   with pytest.raises(ValueError, match="stem_bn: --bn_epsilon=5.0 exceeds "
                      "Keras's 1.001e-05 by more than a moving variance"):
     keras_weights.convert(source, too_large, 50)
@@ -111,6 +114,7 @@ def test_the_converted_backbone_fine_tunes_with_another_class_count(
   source, out = converted
   cfg = TrainConfig.tiny(str(tmp_path), resnet_depth=50, image_size=SIZE,
                          resnet_layout="keras_v1", num_classes=7,
+                         input_normalization="caffe",
                          init_checkpoint=out)
   model = build_model(cfg.model)
   warm_start.warm_start(cfg, model)
@@ -129,7 +133,8 @@ def test_a_v1_5_run_is_refused_the_keras_layout(converted, tmp_path):
   cfg = TrainConfig.tiny(str(tmp_path), resnet_depth=50, image_size=SIZE,
                          use_synthetic_data=True, init_checkpoint=out)
   with pytest.raises(ConfigError, match="--resnet_layout=keras_v1 there, "
-                     "v1.5 here"):
+                     "v1.5 here; --input_normalization=caffe there, "
+                     "imagenet here"):
     run_lib.run(cfg)
 
 

@@ -97,3 +97,40 @@ def test_the_calibrations_constant_schedule_agrees_too(baseline_pair):
   study_runner.check_same_settings(constant, project)
   assert project["final_learning_rate"] == pytest.approx(
       project["peak_learning_rate"])
+
+
+def _stock(cfg, features):
+  return study_baseline.trained_with(study_baseline.build(cfg, features),
+                                     cfg.run.total_train_steps)
+
+
+def test_each_ladder_rung_takes_exactly_its_features_from_the_project(
+    baseline_pair):
+  """The ladder's stock rungs (study_plan.ladder_points), read back: the
+  features a rung claims are the project's, every other is stock's."""
+  cfg, project, _ = baseline_pair
+  for name, features in study_plan.ladder_points(2.0):
+    stock = _stock(cfg, features)
+    assert study_settings.feature_differences(project, stock, features) == [], name
+    assert study_settings.differences(project, stock) == [], name
+  top = _stock(cfg, study_model.FEATURES)
+  assert top["input_mean"] == project["input_mean"] == [123.68, 116.28, 103.53]
+  assert _stock(cfg, ())["input_std"] == [255.0] * 3
+  # A rung that claims a feature it does not have is named.
+  assert study_settings.feature_differences(
+      project, _stock(cfg, ("conv_init",)), ("conv_init", "zero_gamma")) == [
+          "zero_gamma differs (zero_gamma_bn_layers: 4 and 0)"]
+
+
+def test_the_project_s_flags_give_the_stock_choice_of_each_feature(
+    baseline_pair):
+  """The reverse ladder: the project's path with study_model.WITHOUT[f]'s
+  flags has stock Keras's f and the project's other features."""
+  cfg, _, _ = baseline_pair
+  for feature in study_model.FEATURES:
+    without = study_settings.project(cfg.replace(
+        **study_model.WITHOUT[feature]), study_model.narrow_resnet)
+    others = tuple(f for f in study_model.FEATURES if f != feature)
+    stock = _stock(cfg, others)
+    assert study_settings.feature_differences(
+        without, stock, study_model.FEATURES) == [], feature

@@ -4,7 +4,7 @@
       --keras_weights=resnet50_weights_tf_dim_ordering_tf_kernels.h5 \
       --output_dir=gs://bucket/keras_resnet50 [--depth=50] [--image_size=224]
   python main.py --flagfile=flags/... --resnet_layout=keras_v1 \
-      --init_checkpoint=gs://bucket/keras_resnet50 --num_classes=N ...
+      --input_normalization=caffe --init_checkpoint=gs://bucket/keras_resnet50 --num_classes=N ...
 
 --keras_weights is a weights file downloaded elsewhere (nothing is fetched
 here): with the classifier ("..._tf_kernels.h5", 1,000 ImageNet classes in
@@ -12,7 +12,8 @@ synset order, which is this project's label order) or without it
 (--noinclude_top, "..._notop.h5": the classifier stays freshly initialised,
 so fine-tune it with another --num_classes or train it). The output folder
 holds a checkpoint and a config.json, as a run's model_dir does: the
-network built with --resnet_layout=keras_v1, Keras's BN momentum and epsilon,
+network built with --resnet_layout=keras_v1 and --input_normalization=caffe,
+Keras's BN momentum and epsilon,
 and the weights converted exactly (resnet_tpu/model/keras_weights.py).
 tools.evaluate and tools.export_savedmodel read it as they read a run.
 """
@@ -68,7 +69,7 @@ def converted_config(output_dir: str, depth: int, image_size: int,
   """The config of the converted network: Keras's layout and BN."""
   return TrainConfig.from_flat(
       output_dir, resnet_depth=depth, resnet_layout="keras_v1",
-      num_classes=IMAGENET_CLASSES, image_size=image_size,
+      input_normalization="caffe", num_classes=IMAGENET_CLASSES, image_size=image_size,
       bn_momentum=float(keras_bn.momentum), bn_epsilon=float(keras_bn.epsilon),
       use_synthetic_data=True, train_steps=1)
 
@@ -105,7 +106,7 @@ def main(argv: list[str]) -> None:
   except ValueError as error:
     raise app.UsageError(str(error)) from error
   print(f"Wrote {checkpoint}. Fine-tune from it with --resnet_layout=keras_v1 "
-        f"--resnet_depth={FLAGS.depth} --image_size={FLAGS.image_size} "
+        f"--input_normalization=caffe --resnet_depth={FLAGS.depth} --image_size={FLAGS.image_size} "
         f"--init_checkpoint={FLAGS.output_dir}", flush=True)
 
 

@@ -1,6 +1,7 @@
 """keras.applications' ResNet weights in this project's network.
 
---resnet_layout=keras_v1 builds the network of keras.applications.ResNet50
+--resnet_layout=keras_v1 --input_normalization=caffe builds the network of
+keras.applications.ResNet50
 (and 101, 152): He et al. 2016's v1, as keras-team/keras
 keras/src/applications/resnet.py builds it. `convert` copies its weights
 layer by layer. Three differences are of form only, and are folded exactly:
@@ -52,7 +53,8 @@ def _assign(variable, value: np.ndarray, name: str) -> None:
 
 
 def convert(keras_model: keras.Model, model: keras.Model, depth: int) -> bool:
-  """Sets `model` (built with --resnet_layout=keras_v1 and `depth`) to the
+  """Sets `model` (built with --resnet_layout=keras_v1,
+  --input_normalization=caffe and `depth`) to the
   weights of `keras_model` (keras.applications.ResNet<depth>). Returns
   whether the classifier was converted too (Keras's `predictions` layer,
   absent with include_top=False). ValueError names a layer that is missing

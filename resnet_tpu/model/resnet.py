@@ -56,8 +56,11 @@ LAYERS = {
 }
 
 
-def conv_initializer() -> keras.initializers.Initializer:
-  """tensorflow/tpu's tf.variance_scaling_initializer(): variance 1/fan_in."""
+def conv_initializer(kind: str = "fan_in") -> keras.initializers.Initializer:
+  """fan_in: tensorflow/tpu's tf.variance_scaling_initializer(), variance
+  1/fan_in; he_normal: Keras's he_normal, 2/fan_in (--conv_init)."""
+  if kind == "he_normal":
+    return keras.initializers.HeNormal()
   return keras.initializers.VarianceScaling(
       scale=1.0, mode="fan_in", distribution="truncated_normal")
 
@@ -77,20 +80,19 @@ def stem_max_pool(x, symmetric: bool = False):
                                    name="stem_pool")(x)
 
 
-def input_normalization(layout: str) -> keras.layers.Layer:
-  """Raw 0..255 RGB to the stem's input: ImageNet mean/std (v1.5), or
-  keras.applications' Caffe means without scaling (keras_v1)."""
-  if layout == "keras_v1":
-    return keras.layers.Normalization(mean=CAFFE_MEAN_RGB,
-                                      variance=[1.0, 1.0, 1.0],
-                                      dtype="float32", name="normalize")
-  return keras.layers.Normalization(
-      mean=MEAN_RGB, variance=[s * s for s in STDDEV_RGB], dtype="float32",
-      name="normalize")
+def input_normalization(kind: str = "imagenet") -> keras.layers.Layer:
+  """Raw 0..255 RGB to the stem's input (--input_normalization): ImageNet
+  mean/std, pixels / 255 (unit), or keras.applications' Caffe means
+  without scaling (caffe)."""
+  mean, std = {"imagenet": (MEAN_RGB, STDDEV_RGB),
+               "unit": ((0.0,) * 3, (255.0,) * 3),
+               "caffe": (CAFFE_MEAN_RGB, (1.0,) * 3)}[kind]
+  return keras.layers.Normalization(mean=mean, variance=[s * s for s in std],
+                                    dtype="float32", name="normalize")
 
 
 def _conv(x, filters: int, kernel: int, strides: int, name: str,
-          float32_kernels: bool):
+          float32_kernels: bool, init: str = "fan_in"):
   if strides > 1 and kernel > 1:
     # Fixed padding, independent of the input size (as tensorflow/tpu does).
     pad = kernel - 1
@@ -99,7 +101,7 @@ def _conv(x, filters: int, kernel: int, strides: int, name: str,
   return Conv2D(
       filters, kernel, strides=strides,
       padding="valid" if strides > 1 and kernel > 1 else "same",
-      use_bias=False, kernel_initializer=conv_initializer(),
+      use_bias=False, kernel_initializer=conv_initializer(init),
       float32_kernels=float32_kernels, name=name)(x)
 
 
@@ -115,44 +117,48 @@ def _bn(x, group_size: int, name: str, zero_gamma: bool = False,
 
 def bottleneck_block(x, filters: int, strides: int, group_size: int,
                      name: str, bn_args: dict, stride_in_3x3: bool = True,
-                     float32_kernels: bool = False):
+                     float32_kernels: bool = False, init: str = "fan_in",
+                     zero_gamma: bool = True):
   """1x1 -> 3x3 -> 1x1 x4, projection when shapes change.
 
   The stride sits on the 3x3 conv (v1.5), or on the first 1x1 conv with
   stride_in_3x3=False (v1, as keras.applications.ResNet50). float32_kernels:
-  see bfloat16_convs.Conv2D.
+  see bfloat16_convs.Conv2D; init: --conv_init; zero_gamma: the last BN
+  starts at gamma 0 (--zero_init_gamma).
   """
+  conv = functools.partial(_conv, float32_kernels=float32_kernels, init=init)
   shortcut = x
   if strides > 1 or x.shape[-1] != 4 * filters:
-    shortcut = _conv(x, 4 * filters, 1, strides, name + "_proj",
-                     float32_kernels)
+    shortcut = conv(x, 4 * filters, 1, strides, name + "_proj")
     shortcut = _bn(shortcut, group_size, name + "_proj_bn", **bn_args)
   strides_1x1, strides_3x3 = (1, strides) if stride_in_3x3 else (strides, 1)
-  y = _conv(x, filters, 1, strides_1x1, name + "_conv1", float32_kernels)
+  y = conv(x, filters, 1, strides_1x1, name + "_conv1")
   y = keras.layers.ReLU(name=name + "_relu1")(
       _bn(y, group_size, name + "_bn1", **bn_args))
-  y = _conv(y, filters, 3, strides_3x3, name + "_conv2", float32_kernels)
+  y = conv(y, filters, 3, strides_3x3, name + "_conv2")
   y = keras.layers.ReLU(name=name + "_relu2")(
       _bn(y, group_size, name + "_bn2", **bn_args))
-  y = _conv(y, 4 * filters, 1, 1, name + "_conv3", float32_kernels)
-  y = _bn(y, group_size, name + "_bn3", zero_gamma=True, **bn_args)
+  y = conv(y, 4 * filters, 1, 1, name + "_conv3")
+  y = _bn(y, group_size, name + "_bn3", zero_gamma=zero_gamma, **bn_args)
   return keras.layers.ReLU(name=name + "_out")(
       keras.layers.Add(name=name + "_add")([shortcut, y]))
 
 
 def basic_block(x, filters: int, strides: int, group_size: int, name: str,
-                bn_args: dict, float32_kernels: bool = False):
-  """3x3 -> 3x3, projection shortcut when shapes change (ResNet-18/34)."""
+                bn_args: dict, float32_kernels: bool = False,
+                init: str = "fan_in", zero_gamma: bool = True):
+  """3x3 -> 3x3, projection shortcut when shapes change (ResNet-18/34);
+  the arguments as bottleneck_block's."""
+  conv = functools.partial(_conv, float32_kernels=float32_kernels, init=init)
   shortcut = x
   if strides > 1 or x.shape[-1] != filters:
-    shortcut = _conv(x, filters, 1, strides, name + "_proj",
-                     float32_kernels)
+    shortcut = conv(x, filters, 1, strides, name + "_proj")
     shortcut = _bn(shortcut, group_size, name + "_proj_bn", **bn_args)
-  y = _conv(x, filters, 3, strides, name + "_conv1", float32_kernels)
+  y = conv(x, filters, 3, strides, name + "_conv1")
   y = keras.layers.ReLU(name=name + "_relu1")(
       _bn(y, group_size, name + "_bn1", **bn_args))
-  y = _conv(y, filters, 3, 1, name + "_conv2", float32_kernels)
-  y = _bn(y, group_size, name + "_bn2", zero_gamma=True, **bn_args)
+  y = conv(y, filters, 3, 1, name + "_conv2")
+  y = _bn(y, group_size, name + "_bn2", zero_gamma=zero_gamma, **bn_args)
   return keras.layers.ReLU(name=name + "_out")(
       keras.layers.Add(name=name + "_add")([shortcut, y]))
 
@@ -173,13 +179,16 @@ def build_resnet(depth: int = 50, num_classes: int = 1000,
                  float32_kernels: bool = False, bn_all_reduce: str = "auto",
                  collective_timeout_s: float = 0.0,
                  bn_groups: Sequence[Sequence[int]] | None = None,
-                 freeze_bn: bool = False) -> keras.Model:
+                 freeze_bn: bool = False, conv_init: str = "fan_in",
+                 zero_init_gamma: bool = True,
+                 normalization: str = "imagenet") -> keras.Model:
   """ResNet of `depth` taking raw 0..255 RGB images, returning logits.
 
   layout "v1.5": the network described above. "keras_v1":
   keras.applications.ResNet50's network (--resnet_layout), so that its
   weights convert exactly (keras_weights.py): the bottlenecks' stride on the
-  first 1x1 conv, the stem pool padded 1/1, Caffe input means, unscaled.
+  first 1x1 conv, the stem pool padded 1/1 (with normalization="caffe",
+  its inputs too). conv_init, zero_init_gamma, normalization: the flags.
   The dtype policy in force (keras.mixed_precision) decides the compute
   dtype; call this under `mixed_bfloat16` for bfloat16 training.
   float32_kernels=True runs the bfloat16 convs on float32 kernels
@@ -190,18 +199,19 @@ def build_resnet(depth: int = 50, num_classes: int = 1000,
   kind, blocks = LAYERS[depth]
   if kind == "bottleneck":
     block = functools.partial(bottleneck_block,
-                              stride_in_3x3=layout == "v1.5",
-                              float32_kernels=float32_kernels)
+                              stride_in_3x3=layout == "v1.5")
   else:
-    block = functools.partial(basic_block, float32_kernels=float32_kernels)
+    block = basic_block
+  block = functools.partial(block, float32_kernels=float32_kernels,
+                            init=conv_init, zero_gamma=zero_init_gamma)
   bn_args = {"momentum": bn_momentum, "epsilon": bn_epsilon,
              "frozen": freeze_bn, "all_reduce": bn_all_reduce,
              "collective_timeout_s": collective_timeout_s,
              "groups": bn_groups}
 
   inputs = keras.Input((image_size, image_size, 3), name="images")
-  x = input_normalization(layout)(inputs)
-  x = _conv(x, 64, 7, 2, "stem_conv", float32_kernels)
+  x = input_normalization(normalization)(inputs)
+  x = _conv(x, 64, 7, 2, "stem_conv", float32_kernels, conv_init)
   x = keras.layers.ReLU(name="stem_relu")(
       _bn(x, bn_group_size, "stem_bn", **bn_args))
   x = stem_max_pool(x, symmetric=layout == "keras_v1")
@@ -258,4 +268,7 @@ def build_model(cfg: ModelConfig,
                         float32_kernels=float32_kernels,
                         bn_all_reduce=distribution.bn_all_reduce,
                         collective_timeout_s=distribution.collective_timeout_s,
-                        bn_groups=bn_groups, freeze_bn=cfg.freeze_bn)
+                        bn_groups=bn_groups, freeze_bn=cfg.freeze_bn,
+                        conv_init=cfg.conv_init,
+                        zero_init_gamma=cfg.zero_init_gamma,
+                        normalization=cfg.input_normalization)

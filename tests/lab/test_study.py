@@ -388,3 +388,20 @@ def test_the_budget_fit_halves_the_images_until_the_plan_fits(
   from lab import study
   runner = _FakeRunner(minutes)
   assert study.fit_budget([], runner, 60 * budget, True).num_train == expected
+
+
+def test_the_ladder_adds_one_feature_a_rung_and_records_what_each_took(smoke):
+  from lab import study_model
+  from lab import study_plan
+  with open(smoke / "out" / "ladder.json") as f:
+    study = json.load(f)
+  rungs = [dict(p["point"])["rung"] for p in study["points"]]
+  chosen = study["chosen_lr_scales"]["momentum"]
+  assert rungs == [name for name, _ in study_plan.ladder_points(chosen)] + [
+      study_plan.PROJECT_RUNG] + [f"project - {f}"
+                                  for f in study_model.FEATURES]
+  gains = {dict(r["point"])["rung"]: r["trained_with"]["conv_init_gain"]
+           for r in study["runs"]}
+  assert gains["stock Keras, LR x1 (Goyal's 0.1 per 256)"] > 1.3
+  assert gains["+ conv_init"] < 1.1 and gains["project - conv_init"] > 1.3
+  assert len(study["verdicts"]) == len(rungs) - 1
