@@ -1,9 +1,9 @@
-"""Prints the README's flag reference table from resnet_tpu/flags.py.
+"""Prints the flag reference table of docs/flags.md from resnet_tpu/flags.py.
 
   python -m tests.flag_reference
 
-tests/test_readme.py checks that README.md contains exactly this table, so
-the reference cannot drift from the code.
+tests/test_readme.py checks that docs/flags.md contains exactly this table,
+so the reference cannot drift from the code.
 """
 from resnet_tpu.config import FLAG_FIELDS
 from resnet_tpu.flags import HELP

@@ -35,9 +35,10 @@ def test_readme_sections_are_in_order():
   assert positions == sorted(positions)
 
 
-def test_readme_flag_reference_is_the_generated_table():
-  assert flag_table() in _read("README.md"), (
-      "README flag reference is stale: paste `python -m tests.flag_reference`")
+def test_the_flag_reference_is_the_generated_table():
+  assert flag_table() in _read("docs/flags.md"), (
+      "docs/flags.md is stale: paste `python -m tests.flag_reference`")
+  assert "(docs/flags.md)" in _section("Flag reference")
 
 
 def test_readme_module_list_is_the_generated_table():
@@ -136,14 +137,18 @@ def _study_figures() -> tuple[set[str], list[dict]]:
 
 
 def test_results_on_real_data_quote_only_what_the_committed_studies_measured():
-  section = _section("Results on real data")
+  """The front page's short table and the studies' own README
+  (bench_results/studies/README.md, the full tables)."""
+  full = _read(os.path.join("bench_results", "studies", "README.md"))
   figures, studies = _study_figures()
   assert studies and {s["name"] for s in studies} <= set(STUDY_FILES)
   for study in studies:
-    assert f"Run {study['date']}" in section
-    assert study["machine"].split(",")[1].strip() in section  # "2 cores"
-    assert f"TensorFlow {tf_version(study)}" in section
-  rows = "\n".join(line for line in section.splitlines()
+    assert f"Run {study['date']}" in full
+    assert study["machine"].split(",")[1].strip() in full  # "2 cores"
+    assert f"TensorFlow {tf_version(study)}" in full
+  section = _section("Results on real data")
+  assert "(bench_results/studies/README.md)" in section
+  rows = "\n".join(line for line in (section + full).splitlines()
                    if line.startswith("| ") and "---" not in line)
   quoted = re.findall(r"\d+\.\d+", re.sub(r"§\d+(\.\d+)?", "", rows))
   assert quoted and not [q for q in quoted if q not in figures], (
