@@ -35,7 +35,7 @@ def _dataset(cfg: TrainConfig, split: str, training: bool) -> tf.data.Dataset:
     parsed = tf.io.parse_single_example(record, features)
     image = tf.image.resize(tf.io.decode_jpeg(parsed["image/encoded"], 3),
                             [cfg.model.image_size, cfg.model.image_size])
-    if training:
+    if training and cfg.input.random_flip:
       image = tf.image.random_flip_left_right(image)
     label = parsed["image/class/label"] - cfg.input.label_offset
     return image, tf.one_hot(label, cfg.model.num_classes)

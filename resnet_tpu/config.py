@@ -101,6 +101,7 @@ class InputConfig:
   train_crop_min_area: float = 0.08
   train_crop_max_aspect: float = 4.0 / 3.0
   train_resize_method: str = "bilinear"
+  random_flip: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

@@ -151,6 +151,9 @@ HELP = {
                            "image area (ImageNet: 0.08).",
     "train_crop_max_aspect": "Inception crop aspect ratios lie in [1/x, x] "
                              "(ImageNet: 4/3).",
+    "random_flip": "Flip training images left-right at random; off for "
+                   "digits, text or any image whose mirror is another "
+                   "class.",
     "train_resize_method": "Resize kernel of the training crop: bilinear "
                            "or bicubic (tensorflow/tpu, MLPerf); eval "
                            "resizes bilinear.",

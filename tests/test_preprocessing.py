@@ -154,6 +154,18 @@ def test_random_flip_mirrors_about_half_of_the_images():
   assert sides.count(-1) >= 10 and sides.count(1) >= 10
 
 
+def test_without_random_flip_no_image_is_mirrored():
+  image = np.zeros((32, 32, 3), np.uint8)
+  image[:, :16] = 255  # left half white
+  jpeg = tf.io.encode_jpeg(image, quality=100).numpy()
+  options = InputConfig(random_flip=False, train_crop_min_area=1.0,
+                        train_crop_max_aspect=1.0)
+  for i in range(20):
+    out = preprocessing.preprocess_for_train(jpeg, 8, True, seed(i),
+                                             options).numpy()
+    assert out[:, 0].mean() > out[:, -1].mean()
+
+
 def test_random_flip_is_an_exact_mirror_or_the_identity():
   image = tf.constant(np.random.default_rng(4).integers(
       0, 256, (6, 7, 3)).astype(np.uint8))

@@ -139,7 +139,8 @@ def random_flip(image: tf.Tensor, seed: tf.Tensor | None) -> tf.Tensor:
 def preprocess_for_train(image_bytes: tf.Tensor, image_size: int, fused: bool,
                          seed: tf.Tensor | None = None,
                          options: InputConfig = InputConfig()) -> tf.Tensor:
-  """JPEG -> random crop, resize, random flip -> uint8 [S, S, 3].
+  """JPEG -> random crop, resize, random flip (unless
+  options.random_flip is off) -> uint8 [S, S, 3].
 
   With a `seed` (shape [2] int) every random choice is stateless, so the
   output is a pure function of (image_bytes, seed); without one the stateful
@@ -151,7 +152,7 @@ def preprocess_for_train(image_bytes: tf.Tensor, image_size: int, fused: bool,
   window = sample_crop_window(shape, crop_seed, options)
   image = resize(decode_and_crop(image_bytes, window, fused), image_size,
                  options.train_resize_method)
-  return random_flip(image, flip_seed)
+  return random_flip(image, flip_seed) if options.random_flip else image
 
 
 def preprocess_for_eval(image_bytes: tf.Tensor, image_size: int,
