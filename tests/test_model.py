@@ -4,6 +4,8 @@ import numpy as np
 import pytest
 
 from resnet_tpu.model.distributed_batch_norm import DistributedBatchNormalization
+from resnet_tpu.config import ModelConfig
+from resnet_tpu.model.resnet import build_model
 from resnet_tpu.model.resnet import build_resnet
 from resnet_tpu.model.resnet import stem_max_pool
 
@@ -103,3 +105,26 @@ def test_stem_max_pool_output_i_covers_inputs_2i_to_2i_plus_2():
     covered[:, i] = pooled.max(1) > 0
   windows = [list(np.flatnonzero(row)) for row in covered]
   assert windows == [[0, 1, 2], [2, 3, 4], [4, 5, 6], [6, 7]]
+
+
+def test_conv_init_zero_gamma_and_input_normalization_follow_their_flags():
+  """--conv_init, --zero_init_gamma, --input_normalization (the ladder's
+  stock choices, issue 36) reach every conv, block and the input."""
+  model = build_model(ModelConfig(
+      resnet_depth=50, num_classes=10, image_size=64, conv_init="he_normal",
+      zero_init_gamma=False, input_normalization="unit"))
+  convs = [l for l in model.layers if isinstance(l, keras.layers.Conv2D)]
+  gains = [np.std(l.kernel.numpy()) * np.sqrt(np.prod(l.kernel.shape[:-1]))
+           for l in convs]
+  assert np.median(gains) == pytest.approx(2 ** 0.5, rel=0.1)
+  assert min(gains) > 1.2  # the stem too
+  assert all(np.all(l.gamma.numpy() == 1) for l in model.layers
+             if isinstance(l, keras.layers.BatchNormalization))
+  normalize = model.get_layer("normalize")
+  np.testing.assert_allclose(normalize.mean.numpy().ravel(), 0)
+  np.testing.assert_allclose(normalize.variance.numpy().ravel(), 255 ** 2)
+  default = build_model(ModelConfig(resnet_depth=50, num_classes=10,
+                                    image_size=64))
+  zero = [l.name for l in default.layers if l.name.endswith("_bn3") and
+          not np.any(l.gamma.numpy())]
+  assert len(zero) == 16  # each bottleneck's last BN

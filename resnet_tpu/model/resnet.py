@@ -3,7 +3,7 @@
 Differences from the original ResNet v1 that matter for large-batch training:
 - the stride-2 downsampling sits on the 3x3 conv of the bottleneck (v1.5);
 - the last BN of each residual block starts with gamma = 0, so every block
-  begins as the identity (Goyal et al. §5.1);
+  begins as the identity (Goyal et al. §5.1; --zero_init_gamma);
 - no conv biases (BN follows every conv).
 
 As tensorflow/tpu's models/official/resnet/resnet_model.py (commit
