@@ -7,7 +7,8 @@ DEMO_DATA := demo_data
 DEMO_RUN := runs/demo
 
 .PHONY: venv lint test test-lab test-tpu-build check-requirements demo bench \
-	bench-collectives bench-cpu-kernels profile-ops accelerator-check study clean
+	bench-collectives bench-cpu-kernels profile-ops accelerator-check study \
+	study-ladder clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -148,6 +149,13 @@ accelerator-check:
 # It calibrates and prints its estimate first (--estimate_only stops there).
 study: venv
 	$(PY) -m lab.study --output_dir=bench_results/studies
+
+# The baseline rerun and the ladder (issue 36) at make study's committed
+# scale and LR choice (2,560 images: two halvings), about 50 minutes.
+study-ladder: venv
+	$(PY) -m lab.study --studies=baseline,ladder --halvings=2 \
+	    --lr_choice=bench_results/studies/lr_choice.json \
+	    --output_dir=bench_results/studies
 
 clean:
 	rm -rf $(DEMO_RUN) $(DEMO_DATA) bench_results/*.tmp

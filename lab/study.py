@@ -61,15 +61,17 @@ from lab import study_verdict
 
 FLAGS = flags.FLAGS
 STUDIES = ("lr", "a", "b", "c", "baseline", "crop", "ladder")
+# `make study`: the ladder runs on its own (`make study-ladder`).
+DEFAULT_STUDIES = STUDIES[:-1]
 MAX_HALVINGS = 4
 PATH_FLAGS = ("--work_dir", "--cache_dir", "--output_dir", "--image_dir",
               "--fashion_mnist_dir")
 
 
 def define_flags() -> None:
-  flags.DEFINE_list("studies", list(STUDIES), "Studies to run: lr, a, b, "
-                    "c, baseline, crop (each runs lr first: it chooses "
-                    "their LR rules).")
+  flags.DEFINE_list("studies", list(DEFAULT_STUDIES), "Studies to run: lr, "
+                    "a, b, c, baseline, crop, ladder (each runs lr first: "
+                    "it chooses their LR rules, unless --lr_choice).")
   flags.DEFINE_float("budget_minutes", 90.0, "Halve the images until the "
                      "estimate fits (not with --full or --smoke).")
   flags.DEFINE_bool("smoke", False, "A few steps per point on a few hundred "
