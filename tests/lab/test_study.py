@@ -405,3 +405,18 @@ def test_the_ladder_adds_one_feature_a_rung_and_records_what_each_took(smoke):
   assert gains["stock Keras, LR x1 (Goyal's 0.1 per 256)"] > 1.3
   assert gains["+ conv_init"] < 1.1 and gains["project - conv_init"] > 1.3
   assert len(study["verdicts"]) == len(rungs) - 1
+
+
+def test_lr_choice_is_taken_only_at_the_scale_it_was_chosen_at(tmp_path):
+  import dataclasses
+  from lab import study
+  from lab import study_plan
+  scale = study_plan.DEFAULT.shrunk().shrunk()
+  path = tmp_path / "lr_choice.json"
+  path.write_text(json.dumps({"scale": dataclasses.asdict(scale),
+                              "chosen_lr_scales": {"momentum": 2.0}}))
+  assert study.chosen_lr_scales(str(path), scale) == {"momentum": 2.0}
+  with pytest.raises(ValueError, match=r"--lr_choice=.* was chosen at "
+                     r"another scale \(2560 images, batches \[8, 256\]\) "
+                     r"than this run's \(5120, \[16, 512\]\)"):
+    study.chosen_lr_scales(str(path), study_plan.DEFAULT.shrunk())
