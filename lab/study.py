@@ -29,7 +29,9 @@ pre-declared criteria (lab/study_verdict.py):
   crop  the Inception crop (min area 0.08) against min area 0.35 and the
         whole image (stock Keras's plain resize, flip kept);
   ladder  stock Keras gains the project's network choices one at a time
-          up to the project's path, which then loses each in turn.
+          up to the project's path, which then loses each in turn;
+  recipe  flags/small_images.cfg's input and network choices against
+          stock Keras, on fresh seeds.
 
 Each writes <name>.md, .json and .png to --output_dir, the JSON with its
 criteria, verdicts, steps at the largest batch and the control's
@@ -60,9 +62,10 @@ from lab import study_runner
 from lab import study_verdict
 
 FLAGS = flags.FLAGS
-STUDIES = ("lr", "a", "b", "c", "baseline", "crop", "ladder")
-# `make study`: the ladder runs on its own (`make study-ladder`).
-DEFAULT_STUDIES = STUDIES[:-1]
+STUDIES = ("lr", "a", "b", "c", "baseline", "crop", "ladder", "recipe")
+# `make study`: the ladder and the recipe run on their own
+# (`make study-ladder`).
+DEFAULT_STUDIES = STUDIES[:-2]
 MAX_HALVINGS = 4
 PATH_FLAGS = ("--work_dir", "--cache_dir", "--output_dir", "--image_dir",
               "--fashion_mnist_dir")
@@ -70,8 +73,8 @@ PATH_FLAGS = ("--work_dir", "--cache_dir", "--output_dir", "--image_dir",
 
 def define_flags() -> None:
   flags.DEFINE_list("studies", list(DEFAULT_STUDIES), "Studies to run: lr, "
-                    "a, b, c, baseline, crop, ladder (each runs lr first: "
-                    "it chooses their LR rules, unless --lr_choice).")
+                    "a, b, c, baseline, crop, ladder, recipe (each runs lr "
+                    "first: it chooses their LR rules, unless --lr_choice).")
   flags.DEFINE_float("budget_minutes", 90.0, "Halve the images until the "
                      "estimate fits (not with --full or --smoke).")
   flags.DEFINE_bool("smoke", False, "A few steps per point on a few hundred "
@@ -171,6 +174,12 @@ def run_studies(names: list[str], scale: study_plan.Scale,
         "ladder", plan.ladder_runs(base, scale, lr_scales),
         plan.ladder_criteria(plan.lr_scale(lr_scales, "momentum")),
         extra={"chosen_lr_scales": lr_scales})
+  if "recipe" in names:
+    written += runner.study(
+        "recipe", plan.recipe_runs(base, scale, lr_scales),
+        plan.recipe_criteria(),
+        extra={"chosen_lr_scales": lr_scales,
+               "recipe": plan.recipe_settings()})
   return written
 
 

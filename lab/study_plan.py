@@ -33,11 +33,16 @@ in stock Keras model.fit beside the project's path; crop: the Inception
 crop (min area 0.08) against min area 0.35 and the whole image (CROPS);
 ladder (issue 36): stock Keras gains the project's choices one at a time
 up to the project's path on the whole image, and the project's path loses
-one at a time (ladder_runs).
+one at a time (ladder_runs); recipe: flags/small_images.cfg's input and
+network choices, read from the flagfile, against stock Keras on fresh seeds.
 """
 import dataclasses
 import math
+import os
 
+from absl import flags
+
+from resnet_tpu import flags as resnet_flags
 from resnet_tpu.config import TrainConfig
 from lab import study_model
 from lab.study_verdict import Criterion, WITHIN
@@ -50,7 +55,8 @@ SMALL_IMAGE_CROP = 0.35
 IMAGENET_CROP = 0.08
 KEEPS_ACCURACY_POINTS = 1.0  # b: "keeps small-batch accuracy" margin
 LR_SCALES = (0.5, 1.0, 2.0)  # study lr: times each rule's peak LR
-NEEDS_LR = ("lr", "a", "b", "c", "baseline", "crop", "ladder")  # lr first
+NEEDS_LR = ("lr", "a", "b", "c", "baseline", "crop", "ladder",
+            "recipe")  # lr runs first
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,6 +203,8 @@ def baselines(name: str, scale: Scale) -> list[tuple]:
     return [(("path", path),) for path in ("project", "stock_keras")]
   if name == "ladder":
     return [(("rung", ladder_points(1.0)[0][0]),), (("rung", PROJECT_RUNG),)]
+  if name == "recipe":
+    return [STOCK_POINT, RECIPE_POINT]
   return [(("train_crop", name),) for name in CROPS]
 
 
@@ -419,14 +427,14 @@ def ladder_runs(base: TrainConfig, scale: Scale,
                       lr_scale=1.0 if k == 0 else factor)
       runs.append(dataclasses.replace(run, path="stock_keras",
                                       features=features))
-    for name, flags in [(PROJECT_RUNG, {})] + [
+    for name, without in [(PROJECT_RUNG, {})] + [
         (f"project - {f}", study_model.WITHOUT[f])
         for f in study_model.FEATURES]:
       run = batch_run("ladder", base, scale, "momentum", ((0.0, batch),),
                       seed, (("rung", name),), train_steps=steps,
                       lr_scale=factor)
       runs.append(dataclasses.replace(
-          run, cfg=run.cfg.replace(**WHOLE_IMAGE, **flags)))
+          run, cfg=run.cfg.replace(**WHOLE_IMAGE, **without)))
   return runs
 
 
@@ -446,3 +454,52 @@ def ladder_criteria(lr_factor: float) -> list[Criterion]:
                       (("rung", f"project - {feature}"),), project)
             for feature in study_model.FEATURES]
   return found
+
+
+# The recipe study: the input and network choices of a flagfile (read from
+# it, not repeated here) against stock Keras at the baseline's budget, on
+# seeds the ladder did not use, so its verdict is not read off the runs that
+# chose the recipe.
+RECIPE_FLAGFILE = "flags/small_images.cfg"
+RECIPE_KEYS = ("train_crop_min_area", "train_crop_max_aspect",
+               "eval_crop_fraction", "random_flip", "conv_init",
+               "zero_init_gamma", "input_normalization", "bn_momentum",
+               "bn_epsilon")
+RECIPE_SEEDS = (2, 3)
+RECIPE_POINT = (("path", "flags/small_images.cfg"),)
+STOCK_POINT = (("path", "stock Keras"),)
+
+
+def recipe_settings(flagfile: str = RECIPE_FLAGFILE) -> dict:
+  """RECIPE_KEYS as `main.py --flagfile=flagfile` sets them."""
+  flag_values = flags.FlagValues()
+  resnet_flags.define_flags(flag_values)
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  flag_values(["main.py", f"--flagfile={os.path.join(root, flagfile)}",
+               "--model_dir=unused"])
+  flat = resnet_flags.config_from_flags(flag_values).flat()
+  return {key: flat[key] for key in RECIPE_KEYS}
+
+
+def recipe_runs(base: TrainConfig, scale: Scale,
+                lr_scales: dict[str, float] | None = None,
+                recipe: dict | None = None) -> list[Run]:
+  """recipe: stock Keras against the project's path with `recipe`
+  (recipe_settings()), momentum at lr's rule and the baseline's steps."""
+  recipe = recipe_settings() if recipe is None else recipe
+  batch, factor = min(scale.batches), lr_scale(lr_scales, "momentum")
+  steps = baseline_runs(base, scale, lr_scales)[-1].cfg.run.total_train_steps
+  runs = []
+  for seed in RECIPE_SEEDS:
+    for point, path in ((STOCK_POINT, "stock_keras"),
+                        (RECIPE_POINT, "project")):
+      run = batch_run("recipe", base, scale, "momentum", ((0.0, batch),),
+                      seed, point, train_steps=steps, lr_scale=factor)
+      cfg = run.cfg.replace(**recipe) if path == "project" else run.cfg
+      runs.append(dataclasses.replace(run, cfg=cfg, path=path))
+  return runs
+
+
+def recipe_criteria() -> list[Criterion]:
+  return [Criterion("flags/small_images.cfg's choices beat stock Keras",
+                    STOCK_POINT, RECIPE_POINT)]

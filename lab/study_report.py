@@ -66,6 +66,12 @@ TEXT = {
                    "at group 1, its trainer) on the same whole images. "
                    "The project's path then loses each choice in turn.",
                    "rung", True),
+    "recipe": Text("recipe_small_images", "flags/small_images.cfg against "
+                   "stock Keras model.fit at equal budget",
+                   "The small-image recipe's input and network choices, "
+                   "read from the flagfile, train the study's network "
+                   "better than a plain model.fit with the same LR rule, "
+                   "batch and steps.", "path", True),
 }
 
 

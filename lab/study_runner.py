@@ -249,6 +249,8 @@ class Runner:
       runs += study_plan.crop_runs(base, scale)
     if "ladder" in names:
       runs += study_plan.ladder_runs(base, scale)
+    if "recipe" in names:
+      runs += study_plan.recipe_runs(base, scale)
     unique = {self._key(r): r for r in runs}
     return list(unique.values())
 

@@ -134,3 +134,27 @@ def test_the_project_s_flags_give_the_stock_choice_of_each_feature(
     stock = _stock(cfg, others)
     assert study_settings.feature_differences(
         without, stock, study_model.FEATURES) == [], feature
+
+
+def test_the_recipe_study_trains_the_flagfile_s_choices_on_fresh_seeds(
+    tmp_path):
+  """study recipe: flags/small_images.cfg's input and network flags, read
+  from the file, on the project's side only; seeds the ladder never ran."""
+  flagfile = tmp_path / "recipe.cfg"
+  flagfile.write_text("--train_crop_min_area=1.0\n--nozero_init_gamma\n"
+                      "--conv_init=he_normal\n")
+  recipe = study_plan.recipe_settings(str(flagfile))
+  assert (recipe["train_crop_min_area"], recipe["zero_init_gamma"],
+          recipe["conv_init"]) == (1.0, False, "he_normal")
+  data = study_data.StudyData(str(tmp_path), 1000, 500, 10, "made up")
+  runner = study_runner.Runner(data, study_plan.SMOKE, str(tmp_path),
+                               str(tmp_path), "cpu", "")
+  runs = study_plan.recipe_runs(runner.base, study_plan.SMOKE,
+                                {"momentum": 2.0}, recipe)
+  assert {r.seed for r in runs} == set(study_plan.RECIPE_SEEDS)
+  assert not set(study_plan.RECIPE_SEEDS) & set(study_plan.SMOKE.seeds)
+  for run in runs:
+    flat = run.cfg.flat()
+    mine = {k: flat[k] for k in study_plan.RECIPE_KEYS}
+    assert (mine == recipe) == (run.path == "project"), run.path
+    assert run.cfg.optim.base_learning_rate == pytest.approx(0.2)
