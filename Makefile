@@ -8,7 +8,7 @@ DEMO_RUN := runs/demo
 
 .PHONY: venv lint test test-lab test-tpu-build check-requirements demo bench \
 	bench-collectives bench-cpu-kernels profile-ops accelerator-check study \
-	study-ladder clean
+	study-ladder study-recipe clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -154,6 +154,13 @@ study: venv
 # scale and LR choice (2,560 images: two halvings), about 50 minutes.
 study-ladder: venv
 	$(PY) -m lab.study --studies=baseline,ladder --halvings=2 \
+	    --lr_choice=bench_results/studies/lr_choice.json \
+	    --output_dir=bench_results/studies
+
+# flags/small_images.cfg, once it holds the ladder's winners, against stock
+# Keras on fresh seeds, at the same scale (about 10 minutes).
+study-recipe: venv
+	$(PY) -m lab.study --studies=recipe --halvings=2 \
 	    --lr_choice=bench_results/studies/lr_choice.json \
 	    --output_dir=bench_results/studies
 
