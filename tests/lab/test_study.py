@@ -27,7 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 STUDIES = ("a_distributed_bn", "lr_choice", "b_large_batch",
            "c_batch_size_control", "baseline_stock_keras",
-           "crop_small_images")
+           "crop_small_images")  # and the ladder and recipe, tested below
 NUM_TEST = 100  # the smoke scale's test images (study_plan.SMOKE)
 BETTER = sv.Criterion("b beats a", (("x", "a"),), (("x", "b"),))
 SAME = sv.Criterion("b keeps a", (("x", "a"),), (("x", "b"),), sv.WITHIN,
@@ -60,6 +60,7 @@ def smoke(tmp_path_factory):
   fake_fashion_mnist(root / "idx")
   result = subprocess.run(
       [sys.executable, "-m", "lab.study", "--smoke",
+       "--studies=lr,a,b,c,baseline,crop,ladder,recipe",
        f"--fashion_mnist_dir={root / 'idx'}", f"--cache_dir={root / 'cache'}",
        f"--work_dir={root / 'work'}", f"--output_dir={root / 'out'}"],
       cwd=ROOT, capture_output=True, text=True, timeout=600)
