@@ -194,9 +194,13 @@ def check_resume(cfg: TrainConfig) -> dict[str, list]:
     # A finished run run again only evaluates (trainer._evaluate_finished),
     # with its statistics recomputed if asked (Akiba et al.).
     allowed |= EVALUATION_ONLY
-  changed = {key: [found[key], value] for key, value in cfg.flat().items()
-             if key not in FREE_ON_RESUME and key in found
-             and found[key] != value}
+  # A flag newer than the record had its default when the record was
+  # written.
+  defaults = TrainConfig(cfg.model_dir).flat()
+  changed = {key: [found.get(key, defaults[key]), value]
+             for key, value in cfg.flat().items()
+             if key not in FREE_ON_RESUME
+             and found.get(key, defaults[key]) != value}
   refused = [f"--{key}={old!r} there, {new!r} here"
              for key, (old, new) in changed.items() if key not in allowed]
   if refused:

@@ -97,3 +97,17 @@ def test_a_finished_run_may_be_evaluated_again_with_recomputed_statistics(
       max_to_keep=2).save(checkpoint_number=4)
   assert preflight.check_resume(recompute) == {
       "bn_stats": ["moving_average", "recompute"]}
+
+
+def test_a_flag_newer_than_the_record_counts_as_its_default(tmp_path):
+  """A run recorded before --zero_init_gamma existed trained with its
+  default: resuming it with another value is a change."""
+  run_lib.run(_config(tmp_path), model_fn=tiny_resnet)
+  record = _record(tmp_path)
+  del record["zero_init_gamma"]
+  with open(tmp_path / "model" / config_lib.CONFIG_FILE, "w") as f:
+    json.dump(record, f)
+  assert preflight.check_resume(_config(tmp_path)) == {}
+  with pytest.raises(ConfigError, match="--zero_init_gamma=True there, "
+                     "False here"):
+    preflight.check_resume(_config(tmp_path, zero_init_gamma=False))
