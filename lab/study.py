@@ -251,6 +251,8 @@ def main(argv: list[str]) -> None:
                          f"{unknown}) and --smoke excludes --full.")
   scale = (study_plan.SMOKE if FLAGS.smoke else
            study_plan.FULL if FLAGS.full else study_plan.DEFAULT)
+  for _ in range(max(FLAGS.halvings, 0)):
+    scale = scale.shrunk()
   start = time.time()
   signal.signal(signal.SIGTERM, stop)
   # Before any TensorFlow op (the data step's) initialises the devices.
@@ -260,12 +262,7 @@ def main(argv: list[str]) -> None:
   plan = runner.plan(names)
   logging.info("Plan: %d runs of %s; %s", len(plan), data.name,
                runner.describe(plan))
-  if FLAGS.halvings >= 0:
-    fitted = scale
-    for _ in range(FLAGS.halvings):
-      fitted = fitted.shrunk()
-    scale, runner = make_runner(fitted, load_data(fitted))
-  elif not FLAGS.smoke:
+  if FLAGS.halvings < 0 and not FLAGS.smoke:
     # A user's --image_dir is used whole: only Fashion-MNIST is subset.
     fitted = fit_budget(names, runner, 60 * FLAGS.budget_minutes,
                         shrink=not (FLAGS.full or FLAGS.image_dir))

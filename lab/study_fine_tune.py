@@ -112,6 +112,7 @@ def main(argv: list[str]) -> None:
                     source_top1=source["top1"])
       logging.info("seed %d %s: top-1 %.4f", seed, start, record["top1"])
       records.append(record)
+
   def top1(start):
     return [r["top1"] for r in sorted(records, key=lambda r: r["seed"])
             if r["point"] == (("start", start),)]

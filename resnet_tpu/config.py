@@ -41,12 +41,11 @@ LR_SCALINGS = ("linear", "none")
 MIN_IMAGE_SIZE = 32
 
 CONFIG_FILE = "config.json"
-# The config.json keys that rebuild the network and its inputs.
+# The config.json keys that rebuild the network and its inputs. Flags newer
+# than a record (--resnet_layout, --conv_init, ...) had their defaults when
+# it was written, so they are not required of it.
 MODEL_KEYS = ("resnet_depth", "num_classes", "image_size", "bn_group_size",
               "bn_momentum", "bn_epsilon", "precision", "label_offset")
-# Records written before --resnet_layout, --conv_init, --zero_init_gamma and
-# --input_normalization existed used their defaults, so they are not
-# required of a record.
 
 
 # config.json's list of the changes deliberate resumes made.
