@@ -8,7 +8,7 @@ DEMO_RUN := runs/demo
 
 .PHONY: venv lint test test-lab test-tpu-build check-requirements demo bench \
 	bench-collectives bench-cpu-kernels profile-ops accelerator-check study \
-	study-ladder study-recipe clean
+	study-ladder study-recipe study-regime clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -161,6 +161,14 @@ study-ladder: venv
 # Keras on fresh seeds, at the same scale (about 10 minutes).
 study-recipe: venv
 	$(PY) -m lab.study --studies=recipe --halvings=2 \
+	    --lr_choice=bench_results/studies/lr_choice.json \
+	    --output_dir=bench_results/studies
+
+# Study b in the papers' regime (issue 36): the largest batch 2.5 % of the
+# images a step, 30 epochs, LARS against momentum at it, with make study's
+# LR rules (lab/study_plan.py REGIME; measured time in the studies README).
+study-regime: venv
+	$(PY) -m lab.study --studies=regime \
 	    --lr_choice=bench_results/studies/lr_choice.json \
 	    --output_dir=bench_results/studies
 

@@ -31,7 +31,11 @@ pre-declared criteria (lab/study_verdict.py):
   ladder  stock Keras gains the project's network choices one at a time
           up to the project's path, which then loses each in turn;
   recipe  flags/small_images.cfg's input and network choices against
-          stock Keras, on fresh seeds.
+          stock Keras, on fresh seeds;
+  regime  b in the papers' regime (study_plan.REGIME: the largest batch
+          2.5 % of the images a step, 30 epochs), LARS against momentum at
+          the largest batch; it runs alone, at its own scale, with the LR
+          rules of --lr_choice, whatever scale chose them.
 
 Each writes <name>.md, .json and .png to --output_dir, the JSON with its
 criteria, verdicts, steps at the largest batch and the control's
@@ -62,10 +66,11 @@ from lab import study_runner
 from lab import study_verdict
 
 FLAGS = flags.FLAGS
-STUDIES = ("lr", "a", "b", "c", "baseline", "crop", "ladder", "recipe")
-# `make study`: the ladder and the recipe run on their own
-# (`make study-ladder`).
-DEFAULT_STUDIES = STUDIES[:-2]
+STUDIES = ("lr", "a", "b", "c", "baseline", "crop", "ladder", "recipe",
+           "regime")
+# `make study`: the ladder, the recipe and the regime run on their own
+# (`make study-ladder`, `make study-recipe`, `make study-regime`).
+DEFAULT_STUDIES = STUDIES[:-3]
 MAX_HALVINGS = 4
 PATH_FLAGS = ("--work_dir", "--cache_dir", "--output_dir", "--image_dir",
               "--fashion_mnist_dir")
@@ -73,8 +78,9 @@ PATH_FLAGS = ("--work_dir", "--cache_dir", "--output_dir", "--image_dir",
 
 def define_flags() -> None:
   flags.DEFINE_list("studies", list(DEFAULT_STUDIES), "Studies to run: lr, "
-                    "a, b, c, baseline, crop, ladder, recipe (each runs lr "
-                    "first: it chooses their LR rules, unless --lr_choice).")
+                    "a, b, c, baseline, crop, ladder, recipe, regime (each "
+                    "runs lr first: it chooses their LR rules, unless "
+                    "--lr_choice); regime runs alone.")
   flags.DEFINE_float("budget_minutes", 90.0, "Halve the images until the "
                      "estimate fits (not with --full or --smoke).")
   flags.DEFINE_bool("smoke", False, "A few steps per point on a few hundred "
@@ -110,12 +116,18 @@ def command(argv: list[str]) -> str:
   return " ".join(["python -m lab.study"] + kept)
 
 
-def chosen_lr_scales(path: str, scale: study_plan.Scale) -> dict | None:
+def chosen_lr_scales(path: str, scale: study_plan.Scale,
+                     any_scale: bool = False) -> dict | None:
   """The chosen LR rules of the lr_choice.json at `path`; ValueError when
-  it was chosen at another scale."""
+  it was chosen at another scale, unless `any_scale` (a field newer than
+  the file counts as its default there)."""
   with open(path) as f:
     record = json.load(f)
-  if record["scale"] != json.loads(json.dumps(dataclasses.asdict(scale))):
+  defaults = {f.name: f.default for f in dataclasses.fields(scale)
+              if f.default is not dataclasses.MISSING}
+  current = json.loads(json.dumps(dataclasses.asdict(scale)))
+  if not any_scale and any(record["scale"].get(k, defaults.get(k)) != v
+                           for k, v in current.items()):
     raise ValueError(f"--lr_choice={path} was chosen at another scale "
                      f"({record['scale']['num_train']} images, batches "
                      f"{record['scale']['batches']}) than this run's "
@@ -125,9 +137,11 @@ def chosen_lr_scales(path: str, scale: study_plan.Scale) -> dict | None:
 
 def run_studies(names: list[str], scale: study_plan.Scale,
                 runner: "study_runner.Runner",
-                lr_scales: dict | None = None) -> list[str]:
+                lr_scales: dict | None = None,
+                lr_source: dict | None = None) -> list[str]:
   """Runs the named studies in order; returns the files written.
-  `lr_scales`: lr's choice, already made (lr does not run again)."""
+  `lr_scales`: lr's choice, already made (lr does not run again), at
+  `lr_source` (its file and scale)."""
   written, base, plan = [], runner.base, study_plan
   if lr_scales is not None:
     logging.info("LR rules taken from --lr_choice: %s", lr_scales)
@@ -180,11 +194,17 @@ def run_studies(names: list[str], scale: study_plan.Scale,
         plan.recipe_criteria(),
         extra={"chosen_lr_scales": lr_scales,
                "recipe": plan.recipe_settings()})
+  if "regime" in names:
+    written += runner.study(
+        "regime", plan.regime_runs(base, scale, lr_scales),
+        plan.regime_criteria(scale),
+        extra={"chosen_lr_scales": lr_scales, "lr_chosen_at": lr_source})
   return written
 
 
 def fit_budget(names: list[str], runner: "study_runner.Runner",
-               budget_s: float, shrink: bool) -> study_plan.Scale:
+               budget_s: float, shrink: bool,
+               with_lr: bool = True) -> study_plan.Scale:
   """Estimates the plan; halves its images until it fits `budget_s`.
 
   Every halving is estimated (a step's cost is not monotonic in its batch:
@@ -193,7 +213,7 @@ def fit_budget(names: list[str], runner: "study_runner.Runner",
   """
   estimates = []
   for halvings in range(MAX_HALVINGS + 1):
-    plan = runner.plan(names)
+    plan = runner.plan(names, with_lr)
     wall, cpu = runner.estimate(plan)
     estimates.append((wall, runner.scale))
     cores = os.cpu_count() or 1
@@ -211,6 +231,16 @@ def fit_budget(names: list[str], runner: "study_runner.Runner",
         f"{scale.num_train} training images, takes about {wall / 60:.0f} "
         "min.", flush=True)
   return scale
+
+
+def lr_choice_source(path: str) -> dict | None:
+  """The file of --lr_choice and the images and batches it chose at."""
+  if not path:
+    return None
+  with open(path) as f:
+    scale = json.load(f)["scale"]
+  return {"file": path, "num_train": scale["num_train"],
+          "batches": scale["batches"]}
 
 
 def load_data(scale: study_plan.Scale) -> study_data.StudyData:
@@ -249,8 +279,14 @@ def main(argv: list[str]) -> None:
   if unknown or (FLAGS.smoke and FLAGS.full):
     raise app.UsageError(f"--studies must be among {STUDIES} (got "
                          f"{unknown}) and --smoke excludes --full.")
+  regime = "regime" in names and not FLAGS.smoke
+  if regime and (names != ["regime"] or FLAGS.full or FLAGS.halvings > 0):
+    raise app.UsageError("--studies=regime runs alone, at its own scale "
+                         "(study_plan.REGIME): without other studies, "
+                         "--full or --halvings.")
   scale = (study_plan.SMOKE if FLAGS.smoke else
-           study_plan.FULL if FLAGS.full else study_plan.DEFAULT)
+           study_plan.FULL if FLAGS.full else
+           study_plan.REGIME if regime else study_plan.DEFAULT)
   for _ in range(max(FLAGS.halvings, 0)):
     scale = scale.shrunk()
   start = time.time()
@@ -259,23 +295,25 @@ def main(argv: list[str]) -> None:
   configure_cpu_replicas(max(scale.bn_replicas, scale.micro_replicas))
   data = load_data(scale)
   scale, runner = make_runner(scale, data)
-  plan = runner.plan(names)
+  plan = runner.plan(names, with_lr=not FLAGS.lr_choice)
   logging.info("Plan: %d runs of %s; %s", len(plan), data.name,
                runner.describe(plan))
   if FLAGS.halvings < 0 and not FLAGS.smoke:
     # A user's --image_dir is used whole: only Fashion-MNIST is subset.
     fitted = fit_budget(names, runner, 60 * FLAGS.budget_minutes,
-                        shrink=not (FLAGS.full or FLAGS.image_dir))
+                        shrink=not (FLAGS.full or FLAGS.image_dir or regime),
+                        with_lr=not FLAGS.lr_choice)
     if FLAGS.estimate_only:
       return
     if fitted.num_train != scale.num_train:
       scale, runner = make_runner(fitted, load_data(fitted), runner.costs)
   try:
-    lr_scales = (chosen_lr_scales(FLAGS.lr_choice, scale)
+    lr_scales = (chosen_lr_scales(FLAGS.lr_choice, scale, any_scale=regime)
                  if FLAGS.lr_choice else None)
   except ValueError as error:
     raise app.UsageError(str(error)) from error
-  written = run_studies(names, scale, runner, lr_scales)
+  written = run_studies(names, scale, runner, lr_scales,
+                        lr_choice_source(FLAGS.lr_choice))
   runner.discard_checkpoints()
   gc.collect()
   shutil.rmtree(os.path.join(FLAGS.work_dir, "calibration"),

@@ -34,7 +34,10 @@ crop (min area 0.08) against min area 0.35 and the whole image (CROPS);
 ladder (issue 36): stock Keras gains the project's choices one at a time
 up to the project's path on the whole image, and the project's path loses
 one at a time (ladder_runs); recipe: flags/small_images.cfg's input and
-network choices, read from the flagfile, against stock Keras on fresh seeds.
+network choices, read from the flagfile, against stock Keras on fresh seeds;
+regime (issue 36): b's optimizers at REGIME's scale, the papers' share of
+the training set a step and 30 epochs, LARS against momentum at the
+largest batch.
 """
 import dataclasses
 import math
@@ -56,7 +59,7 @@ IMAGENET_CROP = 0.08
 KEEPS_ACCURACY_POINTS = 1.0  # b: "keeps small-batch accuracy" margin
 LR_SCALES = (0.5, 1.0, 2.0)  # study lr: times each rule's peak LR
 NEEDS_LR = ("lr", "a", "b", "c", "baseline", "crop", "ladder",
-            "recipe")  # lr runs first
+            "recipe", "regime")  # lr runs first
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,10 +77,14 @@ class Scale:
   micro_replicas: int = 1  # b, c: larger batches accumulate micro-batches
   steps_per_loop: int = 5  # the training loss is logged every host loop
   min_steps: int = MIN_STEPS
+  train_epochs: float = 0.0  # b, c: passes; 0: enough for min_steps
 
   @property
   def epochs(self) -> float:
-    """b, c: passes giving min_steps at the largest batch."""
+    """b, c: train_epochs, else the passes giving min_steps at the largest
+    batch."""
+    if self.train_epochs:
+      return self.train_epochs
     return math.ceil(self.min_steps * max(self.batches) / self.num_train)
 
   def shrunk(self) -> "Scale":
@@ -105,6 +112,21 @@ FULL = Scale(num_train=60000, num_test=10000, seeds=(0, 1, 2),
              batches=(128, 512, 4096),
              growing=((0.0, 1024), (0.2, 2048), (0.4, 4096)), bn_epochs=30.0,
              steps_per_loop=20)
+# regime (issue 36): study b in the papers' regime. Ying et al.'s 32k batch
+# is 2.5 % of ImageNet a step and Goyal et al.'s 8k 0.6 %, for about 90
+# epochs; make study's b (256 of 2,560 images, 10 epochs) is 10 % a step.
+# Here the largest batch, 128, is 2.5 % of 5,120 images, for 30 epochs:
+# 1,200 steps at 128 and 4,800 at 32, a 4x span (the papers': 128x). Each
+# run is 4,800 micro-steps of 32 images on one CPU replica.
+REGIME = Scale(num_train=5120, num_test=10000, seeds=(0, 1),
+               batches=(32, 128), growing=((0.0, 128),), bn_epochs=1.0,
+               steps_per_loop=20, train_epochs=30.0)
+REGIME_MAX_BATCH_FRACTION = 0.025
+REGIME_MIN_EPOCHS = 30
+# The regime's LR rules are make study's choice (study lr at its scale), as
+# the papers tune a rule at a small batch and scale it.
+REGIME_LR_CHOICE = "bench_results/studies/lr_choice.json"
+REGIME_OPTIMIZERS = ("momentum", "lars")
 # CI: a few steps per run on a few hundred images.
 SMOKE = Scale(num_train=200, num_test=100, seeds=(0,), batches=(8, 32),
               growing=((0.0, 8), (0.5, 32)), bn_epochs=0.1, bn_groups=(1, 2),
@@ -205,6 +227,9 @@ def baselines(name: str, scale: Scale) -> list[tuple]:
     return [(("rung", ladder_points(1.0)[0][0]),), (("rung", PROJECT_RUNG),)]
   if name == "recipe":
     return [STOCK_POINT, RECIPE_POINT]
+  if name == "regime":
+    return [(("optimizer", opt), ("global_batch", min(scale.batches)))
+            for opt in REGIME_OPTIMIZERS]
   return [(("train_crop", name),) for name in CROPS]
 
 
@@ -503,3 +528,28 @@ def recipe_runs(base: TrainConfig, scale: Scale,
 def recipe_criteria() -> list[Criterion]:
   return [Criterion("flags/small_images.cfg's choices beat stock Keras",
                     STOCK_POINT, RECIPE_POINT)]
+
+
+def regime_runs(base: TrainConfig, scale: Scale,
+                lr_scales: dict[str, float] | None = None) -> list[Run]:
+  """regime: REGIME_OPTIMIZERS at each batch, equal epochs, label
+  smoothing 0.1 (b's runs at REGIME's scale)."""
+  return [batch_run("regime", base, scale, opt, ((0.0, batch),), seed,
+                    (("optimizer", opt), ("global_batch", batch)),
+                    lr_scale=lr_scale(lr_scales, opt))
+          for opt in REGIME_OPTIMIZERS for batch in scale.batches
+          for seed in scale.seeds]
+
+
+def regime_criteria(scale: Scale) -> list[Criterion]:
+  """regime: each optimizer keeps the smallest batch's top-1 at the largest
+  (within KEEPS_ACCURACY_POINTS); LARS beats momentum at the largest (You
+  et al. 2017; Ying et al. 2018 §3)."""
+  def point(opt, batch):
+    return (("optimizer", opt), ("global_batch", batch))
+  low, high = min(scale.batches), max(scale.batches)
+  return [Criterion(f"{opt} keeps batch {low}'s top-1 at {high}",
+                    point(opt, low), point(opt, high), WITHIN,
+                    KEEPS_ACCURACY_POINTS) for opt in REGIME_OPTIMIZERS] + [
+      Criterion(f"lars beats momentum at {high}", point("momentum", high),
+                point("lars", high))]

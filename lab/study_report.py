@@ -72,6 +72,14 @@ TEXT = {
                    "read from the flagfile, train the study's network "
                    "better than a plain model.fit with the same LR rule, "
                    "batch and steps.", "path", True),
+    "regime": Text("b_regime", "b in the papers' regime: the largest "
+                   "batch 2.5 % of the images a step, 30 epochs (Goyal "
+                   "2017; Ying 2018 §3; You 2017)",
+                   "Momentum SGD with linear scaling and warm-up keeps "
+                   "small-batch accuracy at a large batch (Goyal et al.); "
+                   "LARS trains better than momentum at the largest batch "
+                   "(You et al. 2017; Ying et al. §3).",
+                   "global_batch", False),
 }
 
 
@@ -96,7 +104,9 @@ def setting(name: str, scale, source: str, num_test: int) -> str:
   return (f"{replicas}; batches above the "
           f"smallest accumulate micro-batches of the smallest; "
           f"{scale.epochs:g} epochs (at least {scale.min_steps} steps at "
-          f"the largest batch {max(scale.batches)}); label smoothing 0.1 "
+          f"the largest batch {max(scale.batches)}, "
+          f"{100 * max(scale.batches) / scale.num_train:.1f} % of the "
+          f"training images a step); label smoothing 0.1 "
           f"unless the point says 0.0. " + shared)
 
 

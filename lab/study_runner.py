@@ -229,14 +229,15 @@ class Runner:
         at_batch.setdefault(point["optimizer"], []).append(r["top1"])
     return max(at_batch, key=lambda k: statistics.fmean(at_batch[k]))
 
-  def plan(self, names: list[str]) -> list[study_plan.Run]:
+  def plan(self, names: list[str], with_lr: bool = True
+           ) -> list[study_plan.Run]:
     """Every run the studies will train (b's last runs assume LARS, and
     b, c, baseline and crop the papers' LR rules: lr's choice only moves
-    the LR, not the cost)."""
+    the LR, not the cost); without lr's when its choice is given."""
     base, scale, runs = self.base, self.scale, []
     if "a" in names:
       runs += study_plan.bn_runs(base, scale)
-    if any(name in study_plan.NEEDS_LR for name in names):
+    if with_lr and any(name in study_plan.NEEDS_LR for name in names):
       runs += study_plan.lr_runs(base, scale)
     if "b" in names:
       runs += study_plan.large_batch_runs(base, scale)
@@ -251,6 +252,8 @@ class Runner:
       runs += study_plan.ladder_runs(base, scale)
     if "recipe" in names:
       runs += study_plan.recipe_runs(base, scale)
+    if "regime" in names:
+      runs += study_plan.regime_runs(base, scale)
     unique = {self._key(r): r for r in runs}
     return list(unique.values())
 

@@ -27,7 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 STUDIES = ("a_distributed_bn", "lr_choice", "b_large_batch",
            "c_batch_size_control", "baseline_stock_keras",
-           "crop_small_images")  # and the ladder and recipe, tested below
+           "crop_small_images", "b_regime")  # ladder, recipe: below
 NUM_TEST = 100  # the smoke scale's test images (study_plan.SMOKE)
 BETTER = sv.Criterion("b beats a", (("x", "a"),), (("x", "b"),))
 SAME = sv.Criterion("b keeps a", (("x", "a"),), (("x", "b"),), sv.WITHIN,
@@ -60,7 +60,7 @@ def smoke(tmp_path_factory):
   fake_fashion_mnist(root / "idx")
   result = subprocess.run(
       [sys.executable, "-m", "lab.study", "--smoke",
-       "--studies=lr,a,b,c,baseline,crop,ladder,recipe",
+       "--studies=lr,a,b,c,baseline,crop,ladder,recipe,regime",
        f"--fashion_mnist_dir={root / 'idx'}", f"--cache_dir={root / 'cache'}",
        f"--work_dir={root / 'work'}", f"--output_dir={root / 'out'}"],
       cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -367,7 +367,7 @@ class _FakeRunner:
     from lab import study_plan
     self.scale, self.minutes = study_plan.DEFAULT, minutes
 
-  def plan(self, names):
+  def plan(self, names, with_lr=True):
     return []
 
   def estimate(self, plan):
@@ -421,3 +421,62 @@ def test_lr_choice_is_taken_only_at_the_scale_it_was_chosen_at(tmp_path):
                      r"another scale \(2560 images, batches \[8, 256\]\) "
                      r"than this run's \(5120, \[16, 512\]\)"):
     study.chosen_lr_scales(str(path), study_plan.DEFAULT.shrunk())
+
+
+def test_the_regime_scale_is_in_the_papers_regime():
+  """Issue 36: the largest batch at most 2.5 % of the images a step (Ying
+  et al.'s 32k of ImageNet), at least 30 epochs, and every regime run
+  trains those epochs at its batch with the given LR rules."""
+  from lab import study_plan
+  from lab import study_runner
+  from resnet_tpu.config import TrainConfig
+  scale = study_plan.REGIME
+  largest = max(scale.batches)
+  assert largest <= study_plan.REGIME_MAX_BATCH_FRACTION * scale.num_train
+  assert scale.epochs >= study_plan.REGIME_MIN_EPOCHS
+  base = TrainConfig.from_flat("", num_train_images=scale.num_train,
+                               label_smoothing=0.1)
+  chosen = {"momentum": 2.0, "lars": 0.5}
+  runs = study_plan.regime_runs(base, scale, chosen)
+  assert len(runs) == (len(study_plan.REGIME_OPTIMIZERS)
+                       * len(scale.batches) * len(scale.seeds))
+  for run in runs:
+    batch = dict(run.point)["global_batch"]
+    steps = study_runner.steps_at_batch(run.cfg, batch)
+    assert steps * batch == scale.epochs * scale.num_train, run.label
+    optimizer = run.cfg.optim.optimizer
+    assert run.cfg.optim.base_learning_rate == pytest.approx(
+        chosen[optimizer] * study_plan.optimizer_rule(
+            optimizer, 1.0)["base_learning_rate"])
+  assert {dict(r.point)["optimizer"] for r in runs
+          if dict(r.point)["global_batch"] == largest} == {"momentum",
+                                                           "lars"}
+  names = [c.name for c in study_plan.regime_criteria(scale)]
+  assert f"lars beats momentum at {largest}" in names
+
+
+def test_the_regime_runs_alone_at_its_own_scale():
+  result = subprocess.run(
+      [sys.executable, "-m", "lab.study", "--studies=regime,b"],
+      cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert result.returncode != 0
+  assert "--studies=regime runs alone" in result.stderr
+
+
+def test_the_regime_takes_an_lr_choice_made_at_another_scale(tmp_path):
+  import dataclasses
+  from lab import study
+  from lab import study_plan
+  scale = study_plan.DEFAULT.shrunk().shrunk()
+  record = dataclasses.asdict(scale)
+  del record["train_epochs"]  # a file older than the field: its default
+  path = tmp_path / "lr_choice.json"
+  path.write_text(json.dumps({"scale": record,
+                              "chosen_lr_scales": {"momentum": 2.0}}))
+  assert study.chosen_lr_scales(str(path), scale) == {"momentum": 2.0}
+  with pytest.raises(ValueError, match="another scale"):
+    study.chosen_lr_scales(str(path), study_plan.REGIME)
+  assert study.chosen_lr_scales(str(path), study_plan.REGIME,
+                                any_scale=True) == {"momentum": 2.0}
+  assert study.lr_choice_source(str(path)) == {
+      "file": str(path), "num_train": 2560, "batches": [8, 256]}
