@@ -157,8 +157,8 @@ study-ladder: venv
 	    --lr_choice=bench_results/studies/lr_choice.json \
 	    --output_dir=bench_results/studies
 
-# flags/small_images.cfg, once it holds the ladder's winners, against stock
-# Keras on fresh seeds, at the same scale (about 10 minutes).
+# flags/small_images.cfg (the ladder's winners and LARS) against stock Keras
+# on fresh seeds, at the same scale (about 10 minutes).
 study-recipe: venv
 	$(PY) -m lab.study --studies=recipe --halvings=2 \
 	    --lr_choice=bench_results/studies/lr_choice.json \

@@ -30,8 +30,8 @@ pre-declared criteria (lab/study_verdict.py):
         whole image (stock Keras's plain resize, flip kept);
   ladder  stock Keras gains the project's network choices one at a time
           up to the project's path, which then loses each in turn;
-  recipe  flags/small_images.cfg's input and network choices against
-          stock Keras, on fresh seeds;
+  recipe  flags/small_images.cfg's input, network and optimizer choices
+          against stock Keras's momentum, on fresh seeds;
   regime  b in the papers' regime (study_plan.REGIME: the largest batch
           2.5 % of the images a step, 30 epochs), LARS against momentum at
           the largest batch; it runs alone, at its own scale, with the LR

@@ -68,10 +68,11 @@ TEXT = {
                    "rung", True),
     "recipe": Text("recipe_small_images", "flags/small_images.cfg against "
                    "stock Keras model.fit at equal budget",
-                   "The small-image recipe's input and network choices, "
-                   "read from the flagfile, train the study's network "
-                   "better than a plain model.fit with the same LR rule, "
-                   "batch and steps.", "path", True),
+                   "The small-image recipe's input, network and "
+                   "optimizer choices, read from the flagfile, train the "
+                   "study's network better than a plain model.fit with "
+                   "momentum at lr's rule, the same batch and steps.",
+                   "path", True),
     "regime": Text("b_regime", "b in the papers' regime: the largest "
                    "batch 2.5 % of the images a step, 30 epochs (Goyal "
                    "2017; Ying 2018 §3; You 2017)",

@@ -138,23 +138,34 @@ def test_the_project_s_flags_give_the_stock_choice_of_each_feature(
 
 def test_the_recipe_study_trains_the_flagfile_s_choices_on_fresh_seeds(
     tmp_path):
-  """study recipe: flags/small_images.cfg's input and network flags, read
-  from the file, on the project's side only; seeds the ladder never ran."""
+  """study recipe: flags/small_images.cfg's input, network and optimizer
+  flags, read from the file, on the project's side only, the rest of the
+  budget shared with stock Keras's momentum; seeds no other run used."""
   flagfile = tmp_path / "recipe.cfg"
   flagfile.write_text("--train_crop_min_area=1.0\n--nozero_init_gamma\n"
-                      "--conv_init=he_normal\n")
+                      "--conv_init=he_normal\n--optimizer=lars\n"
+                      "--learning_rate_scaling=none\n"
+                      "--base_learning_rate=5.0\n--lr_schedule=polynomial\n")
   recipe = study_plan.recipe_settings(str(flagfile))
   assert (recipe["train_crop_min_area"], recipe["zero_init_gamma"],
-          recipe["conv_init"]) == (1.0, False, "he_normal")
+          recipe["conv_init"], recipe["optimizer"],
+          recipe["base_learning_rate"]) == (1.0, False, "he_normal", "lars",
+                                            5.0)
   data = study_data.StudyData(str(tmp_path), 1000, 500, 10, "made up")
   runner = study_runner.Runner(data, study_plan.SMOKE, str(tmp_path),
                                str(tmp_path), "cpu", "")
   runs = study_plan.recipe_runs(runner.base, study_plan.SMOKE,
                                 {"momentum": 2.0}, recipe)
   assert {r.seed for r in runs} == set(study_plan.RECIPE_SEEDS)
-  assert not set(study_plan.RECIPE_SEEDS) & set(study_plan.SMOKE.seeds)
+  # Seeds 0-1: every other study's; 2-3: the first recipe check's.
+  assert not set(study_plan.RECIPE_SEEDS) & {0, 1, 2, 3}
   for run in runs:
     flat = run.cfg.flat()
     mine = {k: flat[k] for k in study_plan.RECIPE_KEYS}
     assert (mine == recipe) == (run.path == "project"), run.path
-    assert run.cfg.optim.base_learning_rate == pytest.approx(0.2)
+  stock, project = runs[0].cfg.flat(), runs[1].cfg.flat()
+  assert (runs[0].path, runs[1].path) == ("stock_keras", "project")
+  assert (stock["optimizer"], stock["base_learning_rate"]) == (
+      "momentum", pytest.approx(0.2))
+  assert {k for k in stock if stock[k] != project[k]} <= set(
+      study_plan.RECIPE_KEYS)
