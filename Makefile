@@ -8,7 +8,7 @@ DEMO_RUN := runs/demo
 
 .PHONY: venv lint test test-lab test-tpu-build check-requirements demo bench \
 	bench-collectives bench-cpu-kernels profile-ops accelerator-check study \
-	study-ladder study-recipe study-regime clean
+	study-ladder study-recipe-choice study-recipe study-regime clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -157,7 +157,15 @@ study-ladder: venv
 	    --lr_choice=bench_results/studies/lr_choice.json \
 	    --output_dir=bench_results/studies
 
-# flags/small_images.cfg (the ladder's winners and LARS) against stock Keras
+# Each side's rule for the recipe check (issue 36), chosen on seeds 0 and 1
+# at the same scale: stock Keras's momentum LR; the recipe's LARS peak,
+# zero-init gamma and flip (lab/study_plan.py; about 30 minutes).
+study-recipe-choice: venv
+	$(PY) -m lab.study --studies=recipe_choice --halvings=2 \
+	    --lr_choice=bench_results/studies/lr_choice.json \
+	    --output_dir=bench_results/studies
+
+# flags/small_images.cfg against stock Keras at recipe_choice.json's rule,
 # on fresh seeds, at the same scale (about 10 minutes).
 study-recipe: venv
 	$(PY) -m lab.study --studies=recipe --halvings=2 \

@@ -30,8 +30,12 @@ pre-declared criteria (lab/study_verdict.py):
         whole image (stock Keras's plain resize, flip kept);
   ladder  stock Keras gains the project's network choices one at a time
           up to the project's path, which then loses each in turn;
+  recipe_choice  each side's rule for the recipe check, chosen on seeds
+          0 and 1: stock Keras's momentum LR; the recipe's LARS peak,
+          zero-init gamma and flip;
   recipe  flags/small_images.cfg's input, network and optimizer choices
-          against stock Keras's momentum, on fresh seeds;
+          against stock Keras's momentum at recipe_choice's rule (read
+          from --output_dir's recipe_choice.json), on fresh seeds;
   regime  b in the papers' regime (study_plan.REGIME: the largest batch
           2.5 % of the images a step, 30 epochs), LARS against momentum at
           the largest batch; it runs alone, at its own scale, with the LR
@@ -66,11 +70,11 @@ from lab import study_runner
 from lab import study_verdict
 
 FLAGS = flags.FLAGS
-STUDIES = ("lr", "a", "b", "c", "baseline", "crop", "ladder", "recipe",
-           "regime")
+STUDIES = ("lr", "a", "b", "c", "baseline", "crop", "ladder",
+           "recipe_choice", "recipe", "regime")
 # `make study`: the ladder, the recipe and the regime run on their own
 # (`make study-ladder`, `make study-recipe`, `make study-regime`).
-DEFAULT_STUDIES = STUDIES[:-3]
+DEFAULT_STUDIES = STUDIES[:-4]
 MAX_HALVINGS = 4
 PATH_FLAGS = ("--work_dir", "--cache_dir", "--output_dir", "--image_dir",
               "--fashion_mnist_dir")
@@ -78,7 +82,8 @@ PATH_FLAGS = ("--work_dir", "--cache_dir", "--output_dir", "--image_dir",
 
 def define_flags() -> None:
   flags.DEFINE_list("studies", list(DEFAULT_STUDIES), "Studies to run: lr, "
-                    "a, b, c, baseline, crop, ladder, recipe, regime (each "
+                    "a, b, c, baseline, crop, ladder, recipe_choice, recipe, "
+                    "regime (each "
                     "runs lr first: it chooses their LR rules, unless "
                     "--lr_choice); regime runs alone.")
   flags.DEFINE_float("budget_minutes", 90.0, "Halve the images until the "
@@ -135,13 +140,31 @@ def chosen_lr_scales(path: str, scale: study_plan.Scale,
   return record["chosen_lr_scales"]
 
 
+def read_recipe_choice(path: str, scale: study_plan.Scale
+                       ) -> tuple[dict, str] | None:
+  """The `chosen` of study recipe_choice's JSON at `path` and the path
+  (None if there is none); ValueError when it chose at another scale."""
+  if not os.path.exists(path):
+    logging.info("No %s: stock Keras keeps lr's momentum rule.", path)
+    return None
+  with open(path) as f:
+    record = json.load(f)
+  if record["scale"]["num_train"] != scale.num_train:
+    raise ValueError(f"{path} was chosen at {record['scale']['num_train']} "
+                     f"training images, this run has {scale.num_train}: "
+                     "run --studies=recipe_choice,recipe at this scale.")
+  return record["chosen"], path
+
+
 def run_studies(names: list[str], scale: study_plan.Scale,
                 runner: "study_runner.Runner",
                 lr_scales: dict | None = None,
-                lr_source: dict | None = None) -> list[str]:
+                lr_source: dict | None = None,
+                recipe_choice: tuple[dict, str] | None = None) -> list[str]:
   """Runs the named studies in order; returns the files written.
   `lr_scales`: lr's choice, already made (lr does not run again), at
-  `lr_source` (its file and scale)."""
+  `lr_source` (its file and scale); `recipe_choice`: recipe_choice's
+  `chosen` and its file, unless it runs here."""
   written, base, plan = [], runner.base, study_plan
   if lr_scales is not None:
     logging.info("LR rules taken from --lr_choice: %s", lr_scales)
@@ -188,12 +211,28 @@ def run_studies(names: list[str], scale: study_plan.Scale,
         "ladder", plan.ladder_runs(base, scale, lr_scales),
         plan.ladder_criteria(plan.lr_scale(lr_scales, "momentum")),
         extra={"chosen_lr_scales": lr_scales})
+  choice, choice_file = recipe_choice or (None, None)
+  if "recipe_choice" in names:
+    runs = plan.recipe_choice_runs(base, scale, lr_scales)
+    choice = plan.recipe_choice(runner.execute_all(runs), lr_scales)
+    logging.info("Recipe choice on seeds %s: %s", plan.RECIPE_CHOICE_SEEDS,
+                 choice)
+    written += runner.study("recipe_choice", runs, [],
+                            extra={"chosen_lr_scales": lr_scales,
+                                   "chosen": choice})
+    choice_file = written[-2]
   if "recipe" in names:
+    recipe = plan.recipe_settings()
+    stock = (plan.lr_scale(lr_scales, "momentum") if choice is None else
+             choice[plan.STOCK_SIDE]["lr_scale"])
     written += runner.study(
-        "recipe", plan.recipe_runs(base, scale, lr_scales),
+        "recipe", plan.recipe_runs(base, scale, lr_scales, recipe, stock),
         plan.recipe_criteria(),
-        extra={"chosen_lr_scales": lr_scales,
-               "recipe": plan.recipe_settings()})
+        extra={"chosen_lr_scales": lr_scales, "recipe": recipe,
+               "stock_lr_scale": stock,
+               "choice": choice and {"file": choice_file, **choice},
+               "recipe_is_choice": bool(choice) and recipe == choice[
+                   plan.RECIPE_SIDE]["settings"]})
   if "regime" in names:
     written += runner.study(
         "regime", plan.regime_runs(base, scale, lr_scales),
@@ -298,10 +337,12 @@ def main(argv: list[str]) -> None:
   plan = runner.plan(names, with_lr=not FLAGS.lr_choice)
   logging.info("Plan: %d runs of %s; %s", len(plan), data.name,
                runner.describe(plan))
-  if FLAGS.halvings < 0 and not FLAGS.smoke:
-    # A user's --image_dir is used whole: only Fashion-MNIST is subset.
+  if not FLAGS.smoke:
+    # Calibrated with --halvings too: each run records its estimate. A
+    # user's --image_dir is used whole: only Fashion-MNIST is subset.
     fitted = fit_budget(names, runner, 60 * FLAGS.budget_minutes,
-                        shrink=not (FLAGS.full or FLAGS.image_dir or regime),
+                        shrink=FLAGS.halvings < 0 and not (
+                            FLAGS.full or FLAGS.image_dir or regime),
                         with_lr=not FLAGS.lr_choice)
     if FLAGS.estimate_only:
       return
@@ -310,10 +351,14 @@ def main(argv: list[str]) -> None:
   try:
     lr_scales = (chosen_lr_scales(FLAGS.lr_choice, scale, any_scale=regime)
                  if FLAGS.lr_choice else None)
+    choice = (read_recipe_choice(os.path.join(
+        FLAGS.output_dir, "recipe_choice.json"), scale)
+              if "recipe" in names and "recipe_choice" not in names
+              else None)
   except ValueError as error:
     raise app.UsageError(str(error)) from error
   written = run_studies(names, scale, runner, lr_scales,
-                        lr_choice_source(FLAGS.lr_choice))
+                        lr_choice_source(FLAGS.lr_choice), choice)
   runner.discard_checkpoints()
   gc.collect()
   shutil.rmtree(os.path.join(FLAGS.work_dir, "calibration"),

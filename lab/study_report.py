@@ -73,6 +73,14 @@ TEXT = {
                    "study's network better than a plain model.fit with "
                    "momentum at lr's rule, the same batch and steps.",
                    "path", True),
+    "recipe_choice": Text(
+        "recipe_choice", "The small-image recipe's choice at equal "
+        "budget, each side's grid on seeds 0 and 1 (issue 36)",
+        "Each side of the recipe check takes the highest mean top-1 of a "
+        "grid of one size around its rule: stock Keras's momentum LR, and "
+        "the recipe's LARS peak with and without zero-init gamma, and "
+        "without the random flip; the check then runs on fresh seeds.",
+        "candidate", True),
     "regime": Text("b_regime", "b in the papers' regime: the largest "
                    "batch 2.5 % of the images a step, 30 epochs (Goyal "
                    "2017; Ying 2018 §3; You 2017)",
@@ -84,15 +92,17 @@ TEXT = {
 }
 
 
-def setting(name: str, scale, source: str, num_test: int) -> str:
-  """One paragraph of what every run of study `name` shares."""
+def setting(name: str, scale, source: str, num_test: int,
+            seeds: int) -> str:
+  """One paragraph of what every run of study `name` (`seeds` seeds a
+  point) shares."""
   shared = (f"The narrow ResNet-10 of lab/study_model.py at 32 px on "
             f"{scale.num_train} training images of {source}, test top-1 "
             f"over all {num_test} test images, evaluated at 75 % and at "
             f"the end of each run (stock Keras: each quarter); "
             + ("the first seed only (lr chooses, it does not decide); "
                if name == "lr" else
-               f"{len(scale.seeds)} paired seed(s) per point; ") +
+               f"{seeds} paired seed(s) per point; ") +
             "warm-up 15 % of each run; LR rules and "
             "criteria of lab/study_plan.py.")
   if name == "a":

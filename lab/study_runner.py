@@ -209,13 +209,14 @@ class Runner:
         estimated_seconds=sum(r["estimated_seconds"] for r in records
                               if not r["reused"]),
         setting=study_report.setting(name, self.scale, self.data.name,
-                                     self.data.num_test),
+                                     self.data.num_test,
+                                     len({r.seed for r in runs})),
         network=study_model.NAME, scale=dataclasses.asdict(self.scale),
         source=self.data.name,
         criteria=[c.describe() for c in criteria],
         verdicts=study_verdict.decide(criteria, records),
         baseline_convergence=study_verdict.baseline_convergence(
-            records, study_plan.baselines(name, self.scale)),
+            records, study_plan.baselines(name, self.scale, runs)),
         common_settings=study_report.common_settings(records),
         points=study_report.points(records), runs=records, **(extra or {}))
     return study_report.write(study, self.output_dir)
@@ -250,6 +251,8 @@ class Runner:
       runs += study_plan.crop_runs(base, scale)
     if "ladder" in names:
       runs += study_plan.ladder_runs(base, scale)
+    if "recipe_choice" in names:
+      runs += study_plan.recipe_choice_runs(base, scale)
     if "recipe" in names:
       runs += study_plan.recipe_runs(base, scale)
     if "regime" in names:

@@ -157,8 +157,11 @@ def test_the_recipe_study_trains_the_flagfile_s_choices_on_fresh_seeds(
   runs = study_plan.recipe_runs(runner.base, study_plan.SMOKE,
                                 {"momentum": 2.0}, recipe)
   assert {r.seed for r in runs} == set(study_plan.RECIPE_SEEDS)
-  # Seeds 0-1: every other study's; 2-3: the first recipe check's.
-  assert not set(study_plan.RECIPE_SEEDS) & {0, 1, 2, 3}
+  # Seeds 0-1: every other study's and the choice's; 2-5: the earlier
+  # recipe checks'.
+  assert not set(study_plan.RECIPE_SEEDS) & {0, 1, 2, 3, 4, 5}
+  assert not set(study_plan.RECIPE_SEEDS) & set(
+      study_plan.RECIPE_CHOICE_SEEDS)
   for run in runs:
     flat = run.cfg.flat()
     mine = {k: flat[k] for k in study_plan.RECIPE_KEYS}
@@ -169,3 +172,99 @@ def test_the_recipe_study_trains_the_flagfile_s_choices_on_fresh_seeds(
       "momentum", pytest.approx(0.2))
   assert {k for k in stock if stock[k] != project[k]} <= set(
       study_plan.RECIPE_KEYS)
+
+
+def _runner(tmp_path):
+  data = study_data.StudyData(str(tmp_path), 1000, 500, 10, "made up")
+  return study_runner.Runner(data, study_plan.SMOKE, str(tmp_path),
+                             str(tmp_path), "cpu", "")
+
+
+LR_CHOICE = {"momentum": 2.0, "lars": 0.5}
+
+
+def test_each_side_of_the_recipe_choice_has_a_grid_of_one_size(tmp_path):
+  """recipe_choice: three LRs a side around lr's rule (stock Keras's
+  momentum x1, x2, x4; the recipe's LARS 2.5, 5, 10), the recipe's also
+  with zero-init gamma and once without the flip; every recipe candidate
+  differs from the flagfile only in those keys, every run only in
+  RECIPE_KEYS from stock Keras's at lr's rule."""
+  recipe = study_plan.recipe_settings()
+  candidates = study_plan.recipe_candidates(LR_CHOICE, recipe)
+  stock = [w["lr_scale"] for s, _, w in candidates
+           if s == study_plan.STOCK_SIDE]
+  assert stock == [2.0, 1.0, 4.0]  # lr's rule first: it wins a tie
+  mine = [(w["base_learning_rate"], w["zero_init_gamma"], w["random_flip"])
+          for s, _, w in candidates if s == study_plan.RECIPE_SIDE]
+  assert mine == [(5.0, False, True), (2.5, False, True), (10.0, False, True),
+                  (5.0, True, True), (2.5, True, True), (10.0, True, True),
+                  (5.0, False, False)]
+  varied = {"base_learning_rate", "zero_init_gamma", "random_flip"}
+  for side, name, what in candidates:
+    if side == study_plan.RECIPE_SIDE:
+      assert {k for k in recipe if recipe[k] != what[k]} <= varied, name
+  runs = study_plan.recipe_choice_runs(_runner(tmp_path).base,
+                                       study_plan.SMOKE, LR_CHOICE, recipe)
+  assert len(runs) == len(candidates) * len(study_plan.RECIPE_CHOICE_SEEDS)
+  reference = next(r for r in runs if r.path == "stock_keras").cfg.flat()
+  for run in runs:
+    flat = run.cfg.flat()
+    side = dict(run.point)["side"]
+    assert (run.path == "stock_keras") == (side == study_plan.STOCK_SIDE)
+    assert {k for k in flat if flat[k] != reference[k]} <= set(
+        study_plan.RECIPE_KEYS) | {"seed"}, run.label
+    if run.path == "stock_keras":
+      assert flat["optimizer"] == "momentum"
+      assert flat["base_learning_rate"] in (
+          pytest.approx(0.1), pytest.approx(0.2), pytest.approx(0.4))
+  assert {r.seed for r in runs} == set(study_plan.RECIPE_CHOICE_SEEDS)
+
+
+def _choice_record(candidate, top1, seed):
+  return {"point": (("side", "x"), ("candidate", candidate)), "seed": seed,
+          "top1": top1}
+
+
+def test_the_recipe_choice_keeps_each_side_s_best_and_a_tie_lr_s_rule():
+  recipe = study_plan.recipe_settings()
+  top1 = {"momentum x1": 0.80, "momentum x2": 0.84, "momentum x4": 0.84,
+          "LARS 2.5": 0.83, "LARS 5": 0.84, "LARS 10": 0.82,
+          "LARS 5, zero gamma": 0.85, "LARS 2.5, zero gamma": 0.86,
+          "LARS 10, zero gamma": 0.70, "LARS 5, no flip": 0.84}
+  records = [_choice_record(name, value + 0.01 * seed, seed)
+             for name, value in top1.items() for seed in (0, 1)]
+  chosen = study_plan.recipe_choice(records, LR_CHOICE, recipe)
+  assert chosen[study_plan.STOCK_SIDE]["candidate"] == "momentum x2"
+  assert chosen[study_plan.STOCK_SIDE]["lr_scale"] == 2.0
+  mine = chosen[study_plan.RECIPE_SIDE]
+  assert mine["candidate"] == "LARS 2.5, zero gamma"
+  assert mine["top1_mean"] == pytest.approx(0.865)
+  assert mine["settings"] == dict(recipe, base_learning_rate=2.5,
+                                  zero_init_gamma=True, random_flip=True)
+
+
+def test_the_recipe_check_trains_stock_keras_at_the_chosen_rule(tmp_path):
+  recipe = study_plan.recipe_settings()
+  runs = study_plan.recipe_runs(_runner(tmp_path).base, study_plan.SMOKE,
+                                LR_CHOICE, recipe, stock_lr_scale=4.0)
+  stock = [r.cfg.optim for r in runs if r.path == "stock_keras"]
+  assert stock and all(o.base_learning_rate == pytest.approx(0.4)
+                       for o in stock)
+  mine = [r.cfg.flat() for r in runs if r.path == "project"]
+  assert mine and all({k: f[k] for k in recipe} == recipe for f in mine)
+
+
+def test_a_recipe_choice_made_at_another_scale_is_refused(tmp_path):
+  import dataclasses
+  import json
+  from lab import study
+  scale = study_plan.DEFAULT.shrunk().shrunk()
+  path = tmp_path / "recipe_choice.json"
+  assert study.read_recipe_choice(str(path), scale) is None
+  path.write_text(json.dumps({"scale": dataclasses.asdict(scale),
+                              "chosen": {"stock Keras": {"lr_scale": 4.0}}}))
+  assert study.read_recipe_choice(str(path), scale) == (
+      {"stock Keras": {"lr_scale": 4.0}}, str(path))
+  with pytest.raises(ValueError, match=r"chosen at 2560 training images, "
+                     r"this run has 5120"):
+    study.read_recipe_choice(str(path), study_plan.DEFAULT.shrunk())

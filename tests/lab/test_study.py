@@ -27,7 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 STUDIES = ("a_distributed_bn", "lr_choice", "b_large_batch",
            "c_batch_size_control", "baseline_stock_keras",
-           "crop_small_images", "b_regime")  # ladder, recipe: below
+           "crop_small_images", "b_regime")  # ladder, recipe*: below
 NUM_TEST = 100  # the smoke scale's test images (study_plan.SMOKE)
 BETTER = sv.Criterion("b beats a", (("x", "a"),), (("x", "b"),))
 SAME = sv.Criterion("b keeps a", (("x", "a"),), (("x", "b"),), sv.WITHIN,
@@ -60,7 +60,7 @@ def smoke(tmp_path_factory):
   fake_fashion_mnist(root / "idx")
   result = subprocess.run(
       [sys.executable, "-m", "lab.study", "--smoke",
-       "--studies=lr,a,b,c,baseline,crop,ladder,recipe,regime",
+       "--studies=lr,a,b,c,baseline,crop,ladder,recipe_choice,recipe,regime",
        f"--fashion_mnist_dir={root / 'idx'}", f"--cache_dir={root / 'cache'}",
        f"--work_dir={root / 'work'}", f"--output_dir={root / 'out'}"],
       cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -480,3 +480,30 @@ def test_the_regime_takes_an_lr_choice_made_at_another_scale(tmp_path):
                                 any_scale=True) == {"momentum": 2.0}
   assert study.lr_choice_source(str(path)) == {
       "file": str(path), "num_train": 2560, "batches": [8, 256]}
+
+
+def test_the_recipe_check_trains_stock_keras_at_the_choice_s_rule(smoke):
+  """recipe_choice picks each side's rule on its seeds; recipe, run in the
+  same command, trains stock Keras at the chosen LR, records the choice
+  and whether the flagfile holds the recipe side's choice."""
+  from lab import study_plan
+  with open(smoke / "out" / "recipe_choice.json") as f:
+    choice = json.load(f)
+  with open(smoke / "out" / "recipe_small_images.json") as f:
+    check = json.load(f)
+  assert not choice["verdicts"] and choice["baseline_convergence"]
+  assert {r["seed"] for r in choice["runs"]} == set(
+      study_plan.RECIPE_CHOICE_SEEDS)
+  assert {r["seed"] for r in check["runs"]} == set(study_plan.RECIPE_SEEDS)
+  assert "3 paired seed(s)" in check["setting"]
+  chosen = choice["chosen"]
+  assert check["choice"]["stock Keras"] == chosen["stock Keras"]
+  assert check["choice"]["file"].endswith("recipe_choice.json")
+  scale = chosen["stock Keras"]["lr_scale"]
+  assert check["stock_lr_scale"] == scale
+  for run in check["runs"]:
+    if run["path"] == "stock_keras":
+      assert run["settings"]["base_learning_rate"] == pytest.approx(
+          0.1 * scale)
+  assert check["recipe_is_choice"] == (
+      check["recipe"] == chosen["recipe"]["settings"])
