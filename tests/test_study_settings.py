@@ -268,3 +268,14 @@ def test_a_recipe_choice_made_at_another_scale_is_refused(tmp_path):
   with pytest.raises(ValueError, match=r"chosen at 2560 training images, "
                      r"this run has 5120"):
     study.read_recipe_choice(str(path), study_plan.DEFAULT.shrunk())
+
+
+def test_the_flagfile_ships_the_committed_recipe_choice():
+  """flags/small_images.cfg holds, in every RECIPE_KEYS setting, the
+  recipe side's pick of the committed recipe_choice.json."""
+  import json
+  import os
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  with open(os.path.join(root, study_plan.RECIPE_CHOICE_FILE)) as f:
+    chosen = json.load(f)["chosen"][study_plan.RECIPE_SIDE]["settings"]
+  assert study_plan.recipe_settings() == chosen
