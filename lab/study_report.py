@@ -192,6 +192,14 @@ def markdown(study: dict) -> str:
               "peak LR: " + ", ".join(
                   f"{opt} x{factor:g}" for opt, factor in
                   study["chosen_lr_scales"].items()), ""]
+  if study.get("stock_lr_scale"):  # recipe: stock Keras's own pick
+    choice = study.get("choice")
+    lines += [f"Stock Keras's momentum trained at "
+              f"x{study['stock_lr_scale']:g} of the papers' peak LR"
+              + (f", the pick of {choice['file']}" if choice else "")
+              + "; the flagfile holds the recipe side's pick: "
+              + ("yes" if study.get("recipe_is_choice") else "no") + ".",
+              ""]
   lines += [
            "| criterion | gap (points) | pooled seed spread | steps at "
            "largest batch | control converged | verdict |",

@@ -507,3 +507,6 @@ def test_the_recipe_check_trains_stock_keras_at_the_choice_s_rule(smoke):
           0.1 * scale)
   assert check["recipe_is_choice"] == (
       check["recipe"] == chosen["recipe"]["settings"])
+  with open(smoke / "out" / "recipe_small_images.md") as f:
+    assert f"Stock Keras's momentum trained at x{scale:g} of the papers' " \
+        "peak LR, the pick of " in f.read()
