@@ -72,8 +72,9 @@ from lab import study_verdict
 FLAGS = flags.FLAGS
 STUDIES = ("lr", "a", "b", "c", "baseline", "crop", "ladder",
            "recipe_choice", "recipe", "regime")
-# `make study`: the ladder, the recipe and the regime run on their own
-# (`make study-ladder`, `make study-recipe`, `make study-regime`).
+# `make study`: the ladder, the recipe's choice and check, and the regime
+# run on their own (`make study-ladder`, `make study-recipe-choice`,
+# `make study-recipe`, `make study-regime`).
 DEFAULT_STUDIES = STUDIES[:-4]
 MAX_HALVINGS = 4
 PATH_FLAGS = ("--work_dir", "--cache_dir", "--output_dir", "--image_dir",

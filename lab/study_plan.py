@@ -526,7 +526,7 @@ def recipe_settings(flagfile: str = RECIPE_FLAGFILE) -> dict:
 # peak at lr's scale x0.5, x1, x2 (absolute 2.5, 5, 10), each with and
 # without zero-init gamma (LARS's layer-wise trust ratio may undo the
 # stall that cost momentum 7 points in the ladder), and the random flip
-# off at lr's scale. Of equal means, the nearer to lr's rule is kept.
+# off at lr's scale. Of equal means, lr's rule is kept.
 RECIPE_CHOICE_SEEDS = (0, 1)
 RECIPE_CHOICE_FACTORS = (0.5, 1.0, 2.0)  # times lr's scale
 RECIPE_CHOICE_FILE = "bench_results/studies/recipe_choice.json"

@@ -71,7 +71,8 @@ TEXT = {
                    "The small-image recipe's input, network and "
                    "optimizer choices, read from the flagfile, train the "
                    "study's network better than a plain model.fit with "
-                   "momentum at lr's rule, the same batch and steps.",
+                   "momentum at its own rule (recipe_choice's pick, else "
+                   "lr's), the same batch and steps.",
                    "path", True),
     "recipe_choice": Text(
         "recipe_choice", "The small-image recipe's choice at equal "
