@@ -8,7 +8,8 @@ DEMO_RUN := runs/demo
 
 .PHONY: venv lint test test-lab test-tpu-build check-requirements demo bench \
 	bench-collectives bench-cpu-kernels profile-ops accelerator-check study \
-	study-ladder study-recipe-choice study-recipe study-regime clean
+	study-ladder study-recipe-choice study-recipe study-recipe-long study-regime \
+	clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -171,6 +172,13 @@ study-recipe: venv
 	$(PY) -m lab.study --studies=recipe --halvings=2 \
 	    --lr_choice=bench_results/studies/lr_choice.json \
 	    --output_dir=bench_results/studies
+
+# The recipe check again at three times the epochs (issue 36): each side's
+# LR around recipe_choice.json's picks on seeds 0 and 1, then the check on
+# fresh seeds 9-11 at those picks (lab/study_plan.py; about 70 minutes).
+study-recipe-long: venv
+	$(PY) -m lab.study --studies=recipe_long_choice,recipe_long \
+	    --halvings=2 --output_dir=bench_results/studies
 
 # Study b in the papers' regime (issue 36): the largest batch 2.5 % of the
 # images a step, 30 epochs, LARS against momentum at it, with make study's

@@ -36,6 +36,9 @@ pre-declared criteria (lab/study_verdict.py):
   recipe  flags/small_images.cfg's input, network and optimizer choices
           against stock Keras's momentum at recipe_choice's rule (read
           from --output_dir's recipe_choice.json), on fresh seeds;
+  recipe_long_choice, recipe_long  the same at three times the epochs:
+          each side's LR around recipe_choice's pick, then the check on
+          fresh seeds at the long choice's picks;
   regime  b in the papers' regime (study_plan.REGIME: the largest batch
           2.5 % of the images a step, 30 epochs), LARS against momentum at
           the largest batch; it runs alone, at its own scale, with the LR
@@ -71,11 +74,12 @@ from lab import study_verdict
 
 FLAGS = flags.FLAGS
 STUDIES = ("lr", "a", "b", "c", "baseline", "crop", "ladder",
-           "recipe_choice", "recipe", "regime")
-# `make study`: the ladder, the recipe's choice and check, and the regime
+           "recipe_choice", "recipe", "recipe_long_choice", "recipe_long",
+           "regime")
+# `make study`: the ladder, the recipe's choices and checks, and the regime
 # run on their own (`make study-ladder`, `make study-recipe-choice`,
-# `make study-recipe`, `make study-regime`).
-DEFAULT_STUDIES = STUDIES[:-4]
+# `make study-recipe`, `make study-recipe-long`, `make study-regime`).
+DEFAULT_STUDIES = STUDIES[:-6]
 MAX_HALVINGS = 4
 PATH_FLAGS = ("--work_dir", "--cache_dir", "--output_dir", "--image_dir",
               "--fashion_mnist_dir")
@@ -84,7 +88,7 @@ PATH_FLAGS = ("--work_dir", "--cache_dir", "--output_dir", "--image_dir",
 def define_flags() -> None:
   flags.DEFINE_list("studies", list(DEFAULT_STUDIES), "Studies to run: lr, "
                     "a, b, c, baseline, crop, ladder, recipe_choice, recipe, "
-                    "regime (each "
+                    "recipe_long_choice, recipe_long, regime (each "
                     "runs lr first: it chooses their LR rules, unless "
                     "--lr_choice); regime runs alone.")
   flags.DEFINE_float("budget_minutes", 90.0, "Halve the images until the "
@@ -143,29 +147,52 @@ def chosen_lr_scales(path: str, scale: study_plan.Scale,
 
 def read_recipe_choice(path: str, scale: study_plan.Scale
                        ) -> tuple[dict, str] | None:
-  """The `chosen` of study recipe_choice's JSON at `path` and the path
-  (None if there is none); ValueError when it chose at another scale."""
+  """The `chosen` of a recipe choice's JSON (recipe_choice.json or
+  recipe_long_choice.json) at `path` and the path (None if there is
+  none); ValueError when it chose at other images or epochs than
+  `scale`'s."""
   if not os.path.exists(path):
-    logging.info("No %s: stock Keras keeps lr's momentum rule.", path)
+    logging.info("No %s.", path)
     return None
   with open(path) as f:
     record = json.load(f)
-  if record["scale"]["num_train"] != scale.num_train:
-    raise ValueError(f"{path} was chosen at {record['scale']['num_train']} "
-                     f"training images, this run has {scale.num_train}: "
-                     "run --studies=recipe_choice,recipe at this scale.")
+  chosen_at = (record["scale"]["num_train"],
+               record["scale"].get("train_epochs", 0.0))
+  if chosen_at != (scale.num_train, scale.train_epochs):
+    raise ValueError(f"{path} was chosen at {chosen_at[0]} training images "
+                     f"and train_epochs {chosen_at[1]:g}, this run has "
+                     f"{scale.num_train} and {scale.train_epochs:g}: run "
+                     "its choice at this scale first.")
   return record["chosen"], path
+
+
+def needs_choice(names: list[str], choice: tuple | None,
+                 long_choice: tuple | None) -> None:
+  """ValueError, before anything trains, when recipe_long_choice has no
+  recipe_choice to centre on or recipe_long no long choice to train."""
+  if ("recipe_long_choice" in names and "recipe_choice" not in names
+      and choice is None):
+    raise ValueError("recipe_long_choice centres its grid on "
+                     "recipe_choice.json's picks: none in --output_dir (run "
+                     "make study-recipe-choice first).")
+  if ("recipe_long" in names and "recipe_long_choice" not in names
+      and long_choice is None):
+    raise ValueError("recipe_long trains recipe_long_choice.json's picks: "
+                     "none in --output_dir (make study-recipe-long runs "
+                     "both).")
 
 
 def run_studies(names: list[str], scale: study_plan.Scale,
                 runner: "study_runner.Runner",
                 lr_scales: dict | None = None,
                 lr_source: dict | None = None,
-                recipe_choice: tuple[dict, str] | None = None) -> list[str]:
+                recipe_choice: tuple[dict, str] | None = None,
+                recipe_long_choice: tuple[dict, str] | None = None
+                ) -> list[str]:
   """Runs the named studies in order; returns the files written.
   `lr_scales`: lr's choice, already made (lr does not run again), at
-  `lr_source` (its file and scale); `recipe_choice`: recipe_choice's
-  `chosen` and its file, unless it runs here."""
+  `lr_source` (its file and scale); `recipe_choice` and
+  `recipe_long_choice`: their `chosen` and file, unless they run here."""
   written, base, plan = [], runner.base, study_plan
   if lr_scales is not None:
     logging.info("LR rules taken from --lr_choice: %s", lr_scales)
@@ -215,7 +242,8 @@ def run_studies(names: list[str], scale: study_plan.Scale,
   choice, choice_file = recipe_choice or (None, None)
   if "recipe_choice" in names:
     runs = plan.recipe_choice_runs(base, scale, lr_scales)
-    choice = plan.recipe_choice(runner.execute_all(runs), lr_scales)
+    choice = plan.recipe_choice(runner.execute_all(runs),
+                                plan.recipe_candidates(lr_scales))
     logging.info("Recipe choice on seeds %s: %s", plan.RECIPE_CHOICE_SEEDS,
                  choice)
     written += runner.study("recipe_choice", runs, [],
@@ -234,6 +262,34 @@ def run_studies(names: list[str], scale: study_plan.Scale,
                "choice": choice and {"file": choice_file, **choice},
                "recipe_is_choice": bool(choice) and recipe == choice[
                    plan.RECIPE_SIDE]["settings"]})
+  long, (long_choice, long_file) = (plan.long_scale(scale),
+                                    recipe_long_choice or (None, None))
+  if "recipe_long_choice" in names:
+    # Stock Keras's grid is centred on its pick, the recipe's on the
+    # flagfile under test (a test keeps it recipe_choice's pick).
+    stock, recipe = (choice[plan.STOCK_SIDE]["lr_scale"],
+                     plan.recipe_settings())
+    candidates = plan.recipe_long_candidates(stock, recipe)
+    runs = plan.recipe_long_choice_runs(base, scale, stock, recipe)
+    long_choice = plan.recipe_choice(runner.execute_all(runs), candidates)
+    logging.info("Long recipe choice on seeds %s: %s",
+                 plan.RECIPE_CHOICE_SEEDS, long_choice)
+    centre = {side: next(name for s, name, _ in candidates if s == side)
+              for side in (plan.STOCK_SIDE, plan.RECIPE_SIDE)}
+    written += runner.study(
+        "recipe_long_choice", runs, [], scale=long,
+        extra={"centre": {"file": choice_file, **centre},
+               "chosen": long_choice})
+    long_file = written[-2]
+  if "recipe_long" in names:
+    recipe = long_choice[plan.RECIPE_SIDE]["settings"]
+    stock = long_choice[plan.STOCK_SIDE]["lr_scale"]
+    written += runner.study(
+        "recipe_long", plan.recipe_long_runs(base, scale, recipe, stock),
+        plan.recipe_criteria(), scale=long,
+        extra={"recipe": recipe, "stock_lr_scale": stock,
+               "choice": {"file": long_file, **long_choice},
+               "recipe_is_choice": recipe == plan.recipe_settings()})
   if "regime" in names:
     written += runner.study(
         "regime", plan.regime_runs(base, scale, lr_scales),
@@ -354,12 +410,19 @@ def main(argv: list[str]) -> None:
                  if FLAGS.lr_choice else None)
     choice = (read_recipe_choice(os.path.join(
         FLAGS.output_dir, "recipe_choice.json"), scale)
-              if "recipe" in names and "recipe_choice" not in names
-              else None)
+              if {"recipe", "recipe_long_choice"} & set(names)
+              and "recipe_choice" not in names else None)
+    long_choice = (read_recipe_choice(os.path.join(
+        FLAGS.output_dir, "recipe_long_choice.json"),
+                                      study_plan.long_scale(scale))
+                   if "recipe_long" in names
+                   and "recipe_long_choice" not in names else None)
+    needs_choice(names, choice, long_choice)
   except ValueError as error:
     raise app.UsageError(str(error)) from error
   written = run_studies(names, scale, runner, lr_scales,
-                        lr_choice_source(FLAGS.lr_choice), choice)
+                        lr_choice_source(FLAGS.lr_choice), choice,
+                        long_choice)
   runner.discard_checkpoints()
   gc.collect()
   shutil.rmtree(os.path.join(FLAGS.work_dir, "calibration"),

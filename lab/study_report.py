@@ -82,6 +82,23 @@ TEXT = {
         "the recipe's LARS peak with and without zero-init gamma, and "
         "without the random flip; the check then runs on fresh seeds.",
         "candidate", True),
+    "recipe_long_choice": Text(
+        "recipe_long_choice", "The small-image recipe's choice at three "
+        "times the budget, each side's LR on seeds 0 and 1 (issue 36)",
+        "Each side of the long recipe check takes the highest mean top-1 "
+        "of its peak LR at recipe_choice's pick x0.5, x1 and x2 (stock "
+        "Keras's momentum; the flagfile's LARS, its other choices kept), "
+        "at three times recipe_choice's epochs; the check then runs on "
+        "fresh seeds.", "candidate", True),
+    "recipe_long": Text("recipe_long", "flags/small_images.cfg against "
+                        "stock Keras model.fit at three times the budget",
+                        "The small-image recipe's input, network and "
+                        "optimizer choices train the study's network "
+                        "better than a plain model.fit with momentum at "
+                        "three times the recipe check's epochs, each side "
+                        "at its LR picked at that budget "
+                        "(recipe_long_choice), the same batch and steps.",
+                        "path", True),
     "regime": Text("b_regime", "b in the papers' regime: the largest "
                    "batch 2.5 % of the images a step, 30 epochs (Goyal "
                    "2017; Ying 2018 §3; You 2017)",
@@ -194,13 +211,27 @@ def markdown(study: dict) -> str:
                   f"{opt} x{factor:g}" for opt, factor in
                   study["chosen_lr_scales"].items()), ""]
   if study.get("stock_lr_scale"):  # recipe: stock Keras's own pick
-    choice = study.get("choice")
+    choice, recipe = study.get("choice"), study["recipe"]
     lines += [f"Stock Keras's momentum trained at "
               f"x{study['stock_lr_scale']:g} of the papers' peak LR"
               + (f", the pick of {choice['file']}" if choice else "")
-              + "; the flagfile holds the recipe side's pick: "
+              + f"; the recipe side at {recipe['optimizer']} peak "
+              f"{recipe['base_learning_rate']:g}; the flagfile holds the "
+              "recipe side's pick: "
               + ("yes" if study.get("recipe_is_choice") else "no") + ".",
               ""]
+  if study.get("chosen"):  # a recipe choice: each side's pick
+    centre = study.get("centre")
+    lines += ["Picks (highest mean top-1; a tie keeps the first, the rule "
+              "the grid is centred on): " + "; ".join(
+                  f"{side}: {pick['candidate']} "
+                  f"({_percent(pick['top1_mean'])}%)"
+                  for side, pick in study["chosen"].items())
+              + (". Centred on " + "; ".join(
+                  f"{side}: {name}" for side, name in centre.items()
+                  if side != "file")
+                 + f" (stock Keras's pick in {centre['file']}, the "
+                 "recipe's flagfile)" if centre else "") + ".", ""]
   lines += [
            "| criterion | gap (points) | pooled seed spread | steps at "
            "largest batch | control converged | verdict |",

@@ -195,28 +195,31 @@ class Runner:
 
   def study(self, name: str, runs: list[study_plan.Run],
             criteria: list[study_verdict.Criterion],
-            extra: dict | None = None) -> list[str]:
-    """Runs `runs`, decides `criteria` and writes the md, json and png."""
+            extra: dict | None = None,
+            scale: study_plan.Scale | None = None) -> list[str]:
+    """Runs `runs`, decides `criteria` and writes the md, json and png;
+    `scale`: the runs' own, where it is not the runner's (recipe_long)."""
     records = self.execute_all(runs)
+    scale = scale or self.scale
     text = study_report.TEXT[name]
     study = dict(
         name=text.file_name, title=text.title.format(
-            per=self.scale.bn_per_replica), claim=text.claim,
+            per=scale.bn_per_replica), claim=text.claim,
         x_key=text.x_key, x_categorical=text.categorical,
         command=self.command, machine=machine(),
         date=datetime.date.today().isoformat(),
         seconds=sum(r["seconds"] for r in records if not r["reused"]),
         estimated_seconds=sum(r["estimated_seconds"] for r in records
                               if not r["reused"]),
-        setting=study_report.setting(name, self.scale, self.data.name,
+        setting=study_report.setting(name, scale, self.data.name,
                                      self.data.num_test,
                                      len({r.seed for r in runs})),
-        network=study_model.NAME, scale=dataclasses.asdict(self.scale),
+        network=study_model.NAME, scale=dataclasses.asdict(scale),
         source=self.data.name,
         criteria=[c.describe() for c in criteria],
         verdicts=study_verdict.decide(criteria, records),
         baseline_convergence=study_verdict.baseline_convergence(
-            records, study_plan.baselines(name, self.scale, runs)),
+            records, study_plan.baselines(name, scale, runs)),
         common_settings=study_report.common_settings(records),
         points=study_report.points(records), runs=records, **(extra or {}))
     return study_report.write(study, self.output_dir)
@@ -255,6 +258,13 @@ class Runner:
       runs += study_plan.recipe_choice_runs(base, scale)
     if "recipe" in names:
       runs += study_plan.recipe_runs(base, scale)
+    # The long grid's cost does not depend on the pick it is centred on.
+    if "recipe_long_choice" in names:
+      runs += study_plan.recipe_long_choice_runs(
+          base, scale, 1.0, study_plan.recipe_settings())
+    if "recipe_long" in names:
+      runs += study_plan.recipe_long_runs(
+          base, scale, study_plan.recipe_settings(), 1.0)
     if "regime" in names:
       runs += study_plan.regime_runs(base, scale)
     unique = {self._key(r): r for r in runs}

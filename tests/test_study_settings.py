@@ -233,7 +233,8 @@ def test_the_recipe_choice_keeps_each_side_s_best_and_a_tie_lr_s_rule():
           "LARS 10, zero gamma": 0.70, "LARS 5, no flip": 0.84}
   records = [_choice_record(name, value + 0.01 * seed, seed)
              for name, value in top1.items() for seed in (0, 1)]
-  chosen = study_plan.recipe_choice(records, LR_CHOICE, recipe)
+  chosen = study_plan.recipe_choice(
+      records, study_plan.recipe_candidates(LR_CHOICE, recipe))
   assert chosen[study_plan.STOCK_SIDE]["candidate"] == "momentum x2"
   assert chosen[study_plan.STOCK_SIDE]["lr_scale"] == 2.0
   mine = chosen[study_plan.RECIPE_SIDE]
@@ -265,9 +266,77 @@ def test_a_recipe_choice_made_at_another_scale_is_refused(tmp_path):
                               "chosen": {"stock Keras": {"lr_scale": 4.0}}}))
   assert study.read_recipe_choice(str(path), scale) == (
       {"stock Keras": {"lr_scale": 4.0}}, str(path))
-  with pytest.raises(ValueError, match=r"chosen at 2560 training images, "
-                     r"this run has 5120"):
+  with pytest.raises(ValueError, match=r"chosen at 2560 training images "
+                     r"and train_epochs 0, this run has 5120 and 0"):
     study.read_recipe_choice(str(path), study_plan.DEFAULT.shrunk())
+  # The long choice, at three times the epochs, is not the check's.
+  with pytest.raises(ValueError, match=r"this run has 2560 and 30"):
+    study.read_recipe_choice(str(path), study_plan.long_scale(scale))
+
+
+def test_the_long_choice_centres_each_side_s_lr_on_recipe_choice_s_pick(
+    tmp_path):
+  """recipe_long_choice: stock Keras's momentum at the pick x0.5, x1, x2
+  and the flagfile's LARS peak x0.5, x1, x2 (its other RECIPE_KEYS
+  kept), the pick first; every run at three times the recipe check's
+  steps and warm-up, on RECIPE_CHOICE_SEEDS."""
+  recipe = study_plan.recipe_settings()
+  candidates = study_plan.recipe_long_candidates(4.0, recipe)
+  assert [(s, n) for s, n, _ in candidates] == [
+      ("stock Keras", "momentum x4"), ("stock Keras", "momentum x2"),
+      ("stock Keras", "momentum x8"), ("recipe", "LARS 5, no flip"),
+      ("recipe", "LARS 2.5, no flip"), ("recipe", "LARS 10, no flip")]
+  for side, name, what in candidates[3:]:
+    assert {k for k in recipe if recipe[k] != what[k]} <= {
+        "base_learning_rate"}, name
+  scale = study_plan.DEFAULT.shrunk().shrunk()  # make study-recipe's
+  base = _runner(tmp_path).base.replace(num_train_images=scale.num_train)
+  runs = study_plan.recipe_long_choice_runs(base, scale, 4.0, recipe)
+  short = study_plan.recipe_runs(base, scale, LR_CHOICE, recipe, 4.0)[0]
+  assert len(runs) == 6 * len(study_plan.RECIPE_CHOICE_SEEDS)
+  assert {r.seed for r in runs} == set(study_plan.RECIPE_CHOICE_SEEDS)
+  for run in runs:
+    assert run.cfg.run.total_train_steps == 3 * 3200
+    assert run.cfg.run.total_train_steps == (
+        study_plan.RECIPE_LONG_FACTOR * short.cfg.run.total_train_steps)
+    assert run.cfg.optim.warmup_epochs == pytest.approx(
+        study_plan.RECIPE_LONG_FACTOR * short.cfg.optim.warmup_epochs)
+  stock = sorted(r.cfg.optim.base_learning_rate for r in runs
+                 if r.path == "stock_keras")
+  assert stock == pytest.approx([0.2, 0.2, 0.4, 0.4, 0.8, 0.8])
+
+
+def test_the_long_check_trains_the_long_picks_on_fresh_seeds(tmp_path):
+  """recipe_long: each side at the long choice's pick, three times the
+  steps, on seeds no other recipe study used."""
+  recipe = dict(study_plan.recipe_settings(), base_learning_rate=2.5)
+  scale = study_plan.DEFAULT.shrunk().shrunk()
+  runs = study_plan.recipe_long_runs(
+      _runner(tmp_path).base.replace(num_train_images=scale.num_train),
+      scale, recipe, 8.0)
+  assert [(r.path, r.seed) for r in runs] == [
+      (path, seed) for seed in (9, 10, 11)
+      for path in ("stock_keras", "project")]
+  assert not set(study_plan.RECIPE_LONG_SEEDS) & set(
+      study_plan.RECIPE_SEEDS + study_plan.RECIPE_CHOICE_SEEDS + (2, 3, 4, 5))
+  for run in runs:
+    assert run.study == "recipe_long"
+    assert run.cfg.run.total_train_steps == 9600
+    if run.path == "stock_keras":
+      assert run.cfg.optim.base_learning_rate == pytest.approx(0.8)
+    else:
+      flat = run.cfg.flat()
+      assert {k: flat[k] for k in recipe} == recipe
+
+
+def test_the_long_studies_refuse_to_start_without_their_choice():
+  from lab import study
+  with pytest.raises(ValueError, match="recipe_choice.json's picks"):
+    study.needs_choice(["recipe_long_choice"], None, None)
+  with pytest.raises(ValueError, match="recipe_long_choice.json's picks"):
+    study.needs_choice(["recipe_long"], None, None)
+  study.needs_choice(["recipe_long_choice", "recipe_long"], ({}, "f"), None)
+  study.needs_choice(["recipe_choice", "recipe_long_choice"], None, None)
 
 
 def test_the_flagfile_ships_the_committed_recipe_choice():

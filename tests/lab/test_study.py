@@ -10,6 +10,7 @@ No accuracy is asserted: results live in bench_results/studies.
 """
 import gzip
 import json
+import math
 import os
 import re
 import signal
@@ -510,3 +511,60 @@ def test_the_recipe_check_trains_stock_keras_at_the_choice_s_rule(smoke):
   with open(smoke / "out" / "recipe_small_images.md") as f:
     assert f"Stock Keras's momentum trained at x{scale:g} of the papers' " \
         "peak LR, the pick of " in f.read()
+
+
+@pytest.fixture(scope="module")
+def smoke_long(smoke):
+  """The long recipe studies, a command of their own (as make
+  study-recipe-long): they read the smoke's recipe_choice.json."""
+  result = subprocess.run(
+      [sys.executable, "-m", "lab.study", "--smoke",
+       "--studies=recipe_long_choice,recipe_long",
+       f"--fashion_mnist_dir={smoke / 'idx'}",
+       f"--cache_dir={smoke / 'cache'}", f"--work_dir={smoke / 'work'}",
+       f"--output_dir={smoke / 'out'}"],
+      cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return smoke
+
+
+def test_the_long_check_trains_the_long_choice_s_picks_at_3x_the_steps(
+    smoke_long):
+  """recipe_long_choice centres each side's LR grid on recipe_choice.json's
+  picks at three times the epochs; recipe_long, in the same command,
+  trains each side at the long choice's pick on RECIPE_LONG_SEEDS."""
+  from lab import study_plan
+  out = smoke_long / "out"
+  choice, long_choice, short, check = (
+      json.load(open(out / f"{name}.json")) for name in (
+          "recipe_choice", "recipe_long_choice", "recipe_small_images",
+          "recipe_long"))
+  centre = choice["chosen"]["stock Keras"]["lr_scale"]
+  assert sorted({r["settings"]["base_learning_rate"] for r in
+                 long_choice["runs"] if r["path"] == "stock_keras"}) == \
+      pytest.approx([0.05 * centre, 0.1 * centre, 0.2 * centre])
+  assert long_choice["centre"]["file"].endswith("recipe_choice.json")
+  assert {r["seed"] for r in check["runs"]} == set(
+      study_plan.RECIPE_LONG_SEEDS)
+  epochs, scale = study_plan.SMOKE.epochs, check["scale"]
+  assert long_choice["scale"]["train_epochs"] == scale["train_epochs"] == (
+      3 * epochs)
+  # Three times the epochs, in whole quarters (model.fit's evaluations).
+  steps = 3 * epochs * scale["num_train"] / min(scale["batches"])
+  assert {r["train_steps"] for r in long_choice["runs"] + check["runs"]} \
+      == {4 * math.ceil(steps / 4)}
+  picks = long_choice["chosen"]
+  assert check["choice"]["stock Keras"] == picks["stock Keras"]
+  assert check["stock_lr_scale"] == picks["stock Keras"]["lr_scale"]
+  for run in check["runs"]:
+    if run["path"] == "stock_keras":
+      assert run["settings"]["base_learning_rate"] == pytest.approx(
+          0.1 * picks["stock Keras"]["lr_scale"])
+    else:
+      assert {k: run["settings"][k] for k in check["recipe"]} == \
+          picks["recipe"]["settings"]
+  assert long_choice["centre"]["stock Keras"] == f"momentum x{centre:g}"
+  with open(out / "recipe_long_choice.md") as f:
+    text = f.read()
+  assert "Picks (highest mean top-1" in text
+  assert f"Centred on stock Keras: momentum x{centre:g}; recipe: LARS " in text
