@@ -231,7 +231,7 @@ def baselines(name: str, scale: Scale, runs: list[Run] = ()) -> list[tuple]:
     return [(("rung", ladder_points(1.0)[0][0]),), (("rung", PROJECT_RUNG),)]
   if name in ("recipe", "recipe_long"):
     return [STOCK_POINT, RECIPE_POINT]
-  if name in ("recipe_choice", "recipe_long_choice"):  # a choice: every candidate's check
+  if name in ("recipe_choice", "recipe_long_choice"):  # every candidate
     return list(dict.fromkeys(r.point for r in runs))
   if name == "regime":
     return [(("optimizer", opt), ("global_batch", min(scale.batches)))
@@ -645,7 +645,6 @@ def recipe_runs(base: TrainConfig, scale: Scale,
 # under recipe's criterion.
 RECIPE_LONG_FACTOR = 3
 RECIPE_LONG_SEEDS = (9, 10, 11)
-RECIPE_LONG_CHOICE_FILE = "bench_results/studies/recipe_long_choice.json"
 
 
 def long_scale(scale: Scale) -> Scale:
