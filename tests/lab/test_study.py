@@ -535,10 +535,9 @@ def test_the_long_check_trains_the_long_choice_s_picks_at_3x_the_steps(
   trains each side at the long choice's pick on RECIPE_LONG_SEEDS."""
   from lab import study_plan
   out = smoke_long / "out"
-  choice, long_choice, short, check = (
-      json.load(open(out / f"{name}.json")) for name in (
-          "recipe_choice", "recipe_long_choice", "recipe_small_images",
-          "recipe_long"))
+  choice, long_choice, check = (
+      json.loads((out / f"{name}.json").read_text()) for name in (
+          "recipe_choice", "recipe_long_choice", "recipe_long"))
   centre = choice["chosen"]["stock Keras"]["lr_scale"]
   assert sorted({r["settings"]["base_learning_rate"] for r in
                  long_choice["runs"] if r["path"] == "stock_keras"}) == \
