@@ -8,8 +8,8 @@ DEMO_RUN := runs/demo
 
 .PHONY: venv lint test test-lab test-tpu-build check-requirements demo bench \
 	bench-collectives bench-cpu-kernels profile-ops accelerator-check study \
-	study-ladder study-recipe-choice study-recipe study-recipe-long study-regime \
-	clean
+	study-ladder study-recipe-choice study-recipe study-recipe-long \
+	study-recipe-revised study-regime clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -178,6 +178,15 @@ study-recipe: venv
 # fresh seeds 9-11 at those picks (lab/study_plan.py; about 70 minutes).
 study-recipe-long: venv
 	$(PY) -m lab.study --studies=recipe_long_choice,recipe_long \
+	    --halvings=2 --output_dir=bench_results/studies
+
+# The revised recipe at those 30 epochs (issue 36): stock Keras's LR one
+# step past its long pick, the recipe's LARS with the flip on and stock
+# Keras's momentum with the recipe's input and init, each against
+# recipe_long_choice.json's picks on seeds 0 and 1; then the check on fresh
+# seeds 12-14 (lab/study_plan.py; about 60 minutes).
+study-recipe-revised: venv
+	$(PY) -m lab.study --studies=recipe_revised_choice,recipe_revised \
 	    --halvings=2 --output_dir=bench_results/studies
 
 # Study b in the papers' regime (issue 36): the largest batch 2.5 % of the

@@ -39,6 +39,11 @@ pre-declared criteria (lab/study_verdict.py):
   recipe_long_choice, recipe_long  the same at three times the epochs:
           each side's LR around recipe_choice's pick, then the check on
           fresh seeds at the long choice's picks;
+  recipe_revised_choice, recipe_revised  at those epochs, stock Keras's
+          LR one grid step past its long pick, the recipe's LARS with the
+          flip on and stock Keras's momentum with the recipe's input and
+          init, each against the long picks; then the check on fresh
+          seeds;
   regime  b in the papers' regime (study_plan.REGIME: the largest batch
           2.5 % of the images a step, 30 epochs), LARS against momentum at
           the largest batch; it runs alone, at its own scale, with the LR
@@ -75,11 +80,12 @@ from lab import study_verdict
 FLAGS = flags.FLAGS
 STUDIES = ("lr", "a", "b", "c", "baseline", "crop", "ladder",
            "recipe_choice", "recipe", "recipe_long_choice", "recipe_long",
-           "regime")
+           "recipe_revised_choice", "recipe_revised", "regime")
 # `make study`: the ladder, the recipe's choices and checks, and the regime
 # run on their own (`make study-ladder`, `make study-recipe-choice`,
-# `make study-recipe`, `make study-recipe-long`, `make study-regime`).
-DEFAULT_STUDIES = STUDIES[:-6]
+# `make study-recipe`, `make study-recipe-long`, `make
+# study-recipe-revised`, `make study-regime`).
+DEFAULT_STUDIES = STUDIES[:-8]
 MAX_HALVINGS = 4
 PATH_FLAGS = ("--work_dir", "--cache_dir", "--output_dir", "--image_dir",
               "--fashion_mnist_dir")
@@ -88,7 +94,8 @@ PATH_FLAGS = ("--work_dir", "--cache_dir", "--output_dir", "--image_dir",
 def define_flags() -> None:
   flags.DEFINE_list("studies", list(DEFAULT_STUDIES), "Studies to run: lr, "
                     "a, b, c, baseline, crop, ladder, recipe_choice, recipe, "
-                    "recipe_long_choice, recipe_long, regime (each "
+                    "recipe_long_choice, recipe_long, recipe_revised_choice, "
+                    "recipe_revised, regime (each "
                     "runs lr first: it chooses their LR rules, unless "
                     "--lr_choice); regime runs alone.")
   flags.DEFINE_float("budget_minutes", 90.0, "Halve the images until the "
@@ -145,12 +152,10 @@ def chosen_lr_scales(path: str, scale: study_plan.Scale,
   return record["chosen_lr_scales"]
 
 
-def read_recipe_choice(path: str, scale: study_plan.Scale
-                       ) -> tuple[dict, str] | None:
-  """The `chosen` of a recipe choice's JSON (recipe_choice.json or
-  recipe_long_choice.json) at `path` and the path (None if there is
-  none); ValueError when it chose at other images or epochs than
-  `scale`'s."""
+def read_choice_record(path: str, scale: study_plan.Scale) -> dict | None:
+  """A recipe choice's JSON (recipe_choice.json, recipe_long_choice.json
+  or recipe_revised_choice.json) at `path` (None if there is none);
+  ValueError when it chose at other images or epochs than `scale`'s."""
   if not os.path.exists(path):
     logging.info("No %s.", path)
     return None
@@ -163,13 +168,22 @@ def read_recipe_choice(path: str, scale: study_plan.Scale
                      f"and train_epochs {chosen_at[1]:g}, this run has "
                      f"{scale.num_train} and {scale.train_epochs:g}: run "
                      "its choice at this scale first.")
-  return record["chosen"], path
+  return record
+
+
+def read_recipe_choice(path: str, scale: study_plan.Scale
+                       ) -> tuple[dict, str] | None:
+  """The `chosen` of read_choice_record(path, scale) and the path."""
+  record = read_choice_record(path, scale)
+  return None if record is None else (record["chosen"], path)
 
 
 def needs_choice(names: list[str], choice: tuple | None,
-                 long_choice: tuple | None) -> None:
+                 long_choice: tuple | None,
+                 revised_choice: tuple | None = None) -> None:
   """ValueError, before anything trains, when recipe_long_choice has no
-  recipe_choice to centre on or recipe_long no long choice to train."""
+  recipe_choice to centre on, recipe_long or recipe_revised_choice no
+  long choice, or recipe_revised no revised choice to train."""
   if ("recipe_long_choice" in names and "recipe_choice" not in names
       and choice is None):
     raise ValueError("recipe_long_choice centres its grid on "
@@ -180,6 +194,16 @@ def needs_choice(names: list[str], choice: tuple | None,
     raise ValueError("recipe_long trains recipe_long_choice.json's picks: "
                      "none in --output_dir (make study-recipe-long runs "
                      "both).")
+  if ("recipe_revised_choice" in names
+      and "recipe_long_choice" not in names and long_choice is None):
+    raise ValueError("recipe_revised_choice weighs its candidates against "
+                     "recipe_long_choice.json's picks and runs: none in "
+                     "--output_dir (run make study-recipe-long first).")
+  if ("recipe_revised" in names and "recipe_revised_choice" not in names
+      and revised_choice is None):
+    raise ValueError("recipe_revised trains recipe_revised_choice.json's "
+                     "picks: none in --output_dir (make "
+                     "study-recipe-revised runs both).")
 
 
 def run_studies(names: list[str], scale: study_plan.Scale,
@@ -187,12 +211,15 @@ def run_studies(names: list[str], scale: study_plan.Scale,
                 lr_scales: dict | None = None,
                 lr_source: dict | None = None,
                 recipe_choice: tuple[dict, str] | None = None,
-                recipe_long_choice: tuple[dict, str] | None = None
+                recipe_long_choice: tuple[dict, str] | None = None,
+                long_records: list[dict] | None = None,
+                recipe_revised_choice: tuple[dict, str] | None = None
                 ) -> list[str]:
   """Runs the named studies in order; returns the files written.
   `lr_scales`: lr's choice, already made (lr does not run again), at
-  `lr_source` (its file and scale); `recipe_choice` and
-  `recipe_long_choice`: their `chosen` and file, unless they run here."""
+  `lr_source` (its file and scale); `recipe_choice`, `recipe_long_choice`
+  and `recipe_revised_choice`: their `chosen` and file, unless they run
+  here; `long_records`: the runs of recipe_long_choice's file."""
   written, base, plan = [], runner.base, study_plan
   if lr_scales is not None:
     logging.info("LR rules taken from --lr_choice: %s", lr_scales)
@@ -271,7 +298,8 @@ def run_studies(names: list[str], scale: study_plan.Scale,
                      plan.recipe_settings())
     candidates = plan.recipe_long_candidates(stock, recipe)
     runs = plan.recipe_long_choice_runs(base, scale, stock, recipe)
-    long_choice = plan.recipe_choice(runner.execute_all(runs), candidates)
+    long_records = runner.execute_all(runs)
+    long_choice = plan.recipe_choice(long_records, candidates)
     logging.info("Long recipe choice on seeds %s: %s",
                  plan.RECIPE_CHOICE_SEEDS, long_choice)
     centre = {side: next(name for s, name, _ in candidates if s == side)
@@ -290,12 +318,67 @@ def run_studies(names: list[str], scale: study_plan.Scale,
         extra={"recipe": recipe, "stock_lr_scale": stock,
                "choice": {"file": long_file, **long_choice},
                "recipe_is_choice": recipe == plan.recipe_settings()})
+  revised, revised_file = recipe_revised_choice or (None, None)
+  if "recipe_revised_choice" in names:
+    revised, runs = revised_recipe_choice(runner, scale, long_choice,
+                                          long_records, long_file)
+    written += runner.study(
+        "recipe_revised_choice", runs, [], scale=long,
+        extra={"prior": {"file": long_file, **{
+            side: {k: long_choice[side][k] for k in ("candidate",
+                                                     "top1_mean")}
+            for side in (plan.STOCK_SIDE, plan.RECIPE_SIDE)}},
+               "chosen": revised})
+    revised_file = written[-2]
+  if "recipe_revised" in names:
+    recipe = revised[plan.RECIPE_SIDE]["settings"]
+    stock = revised[plan.STOCK_SIDE]["lr_scale"]
+    written += runner.study(
+        "recipe_revised", plan.recipe_revised_runs(base, scale, recipe,
+                                                   stock),
+        plan.recipe_criteria(), scale=long,
+        extra={"recipe": recipe, "stock_lr_scale": stock,
+               "choice": {"file": revised_file, **revised},
+               "recipe_is_choice": recipe == plan.recipe_settings()})
   if "regime" in names:
     written += runner.study(
         "regime", plan.regime_runs(base, scale, lr_scales),
         plan.regime_criteria(scale),
         extra={"chosen_lr_scales": lr_scales, "lr_chosen_at": lr_source})
   return written
+
+
+def revised_recipe_choice(runner: "study_runner.Runner",
+                          scale: study_plan.Scale, long_choice: dict,
+                          long_records: list[dict], long_file: str
+                          ) -> tuple[dict, list[study_plan.Run]]:
+  """recipe_revised_choice (study_plan): stock Keras's new LR first, its
+  pick then sets the recipe's momentum candidates; each side keeps the
+  best of its candidates and its long pick (`long_choice`, measured in
+  `long_records` of `long_file`). Returns the choice and the new runs."""
+  plan = study_plan
+  stock_pick, recipe_pick = (long_choice[plan.STOCK_SIDE],
+                             long_choice[plan.RECIPE_SIDE])
+  prior = {plan.STOCK_SIDE: (plan.STOCK_SIDE, stock_pick["candidate"],
+                             {"lr_scale": stock_pick["lr_scale"]}),
+           plan.RECIPE_SIDE: (plan.RECIPE_SIDE, recipe_pick["candidate"],
+                              recipe_pick["settings"])}
+  records = [r for r in long_records if dict(r["point"])["candidate"] in
+             (stock_pick["candidate"], recipe_pick["candidate"])]
+  stock = [prior[plan.STOCK_SIDE]] + plan.revised_stock_candidates(
+      stock_pick["lr_scale"])
+  stock_runs = plan.revised_choice_runs(runner.base, scale, stock[1:])
+  records += runner.execute_all(stock_runs)
+  stock_scale = plan.recipe_choice(records, stock)[plan.STOCK_SIDE][
+      "lr_scale"]
+  recipe = [prior[plan.RECIPE_SIDE]] + plan.revised_recipe_candidates(
+      stock_scale, recipe_pick["settings"])
+  recipe_runs = plan.revised_choice_runs(runner.base, scale, recipe[1:])
+  records += runner.execute_all(recipe_runs)
+  chosen = plan.recipe_choice(records, stock + recipe)
+  logging.info("Revised recipe choice on seeds %s (with %s's picks): %s",
+               plan.RECIPE_CHOICE_SEEDS, long_file, chosen)
+  return chosen, stock_runs + recipe_runs
 
 
 def fit_budget(names: list[str], runner: "study_runner.Runner",
@@ -412,17 +495,25 @@ def main(argv: list[str]) -> None:
         FLAGS.output_dir, "recipe_choice.json"), scale)
               if {"recipe", "recipe_long_choice"} & set(names)
               and "recipe_choice" not in names else None)
-    long_choice = (read_recipe_choice(os.path.join(
+    long_record = (read_choice_record(os.path.join(
         FLAGS.output_dir, "recipe_long_choice.json"),
                                       study_plan.long_scale(scale))
-                   if "recipe_long" in names
+                   if {"recipe_long", "recipe_revised_choice"} & set(names)
                    and "recipe_long_choice" not in names else None)
-    needs_choice(names, choice, long_choice)
+    long_choice = long_record and (long_record["chosen"], os.path.join(
+        FLAGS.output_dir, "recipe_long_choice.json"))
+    revised_choice = (read_recipe_choice(os.path.join(
+        FLAGS.output_dir, "recipe_revised_choice.json"),
+                                         study_plan.long_scale(scale))
+                      if "recipe_revised" in names
+                      and "recipe_revised_choice" not in names else None)
+    needs_choice(names, choice, long_choice, revised_choice)
   except ValueError as error:
     raise app.UsageError(str(error)) from error
   written = run_studies(names, scale, runner, lr_scales,
                         lr_choice_source(FLAGS.lr_choice), choice,
-                        long_choice)
+                        long_choice, long_record and long_record["runs"],
+                        revised_choice)
   runner.discard_checkpoints()
   gc.collect()
   shutil.rmtree(os.path.join(FLAGS.work_dir, "calibration"),

@@ -8,7 +8,8 @@ the project's LR rule read from the same config (cfg.optim's base LR per
 keras.optimizers.schedules.CosineDecay), L2 weight decay in the loss, the
 same label smoothing, batch and steps. What it trained with is read back
 from the built optimizer, model and loss (lab/study_settings.py) and
-recorded as `trained_with`.
+recorded as `trained_with`. Its training loss is recorded as the
+project's is (TRAIN_LOSS), not as `fit` logs it (with the L2 term).
 Evaluation: plain resize of every test image. Nothing of the project's
 path (its input pipeline, zero-init gamma, distributed BN, its schedule
 code, its trainer) is used, so the comparison prices all of them at once.
@@ -24,6 +25,10 @@ from lab import study_settings
 
 SHUFFLE_SEED_OFFSET = 1000
 EVALS = 4  # at each quarter of the run: the convergence check
+# What a record's train_loss is, on both paths (study_runner's project
+# records too): the data loss alone, averaged over the run's last quarter.
+TRAIN_LOSS = ("cross-entropy with label smoothing, without the L2 term, "
+              "mean over the last quarter of the steps")
 
 
 def _dataset(cfg: TrainConfig, split: str, training: bool) -> tf.data.Dataset:
@@ -89,7 +94,9 @@ def build(cfg: TrainConfig, features: tuple[str, ...] = ()) -> keras.Model:
                                      nesterov=cfg.optim.nesterov),
       loss=keras.losses.CategoricalCrossentropy(
           from_logits=True, label_smoothing=cfg.optim.label_smoothing),
-      metrics=["accuracy"])
+      metrics=["accuracy", keras.metrics.CategoricalCrossentropy(
+          "data_loss", from_logits=True,
+          label_smoothing=cfg.optim.label_smoothing)])
   return model
 
 
@@ -145,9 +152,13 @@ def fit(cfg: TrainConfig, features: tuple[str, ...] = ()) -> dict:
   return {"trained_with": settings,
           "top1": float(history["val_accuracy"][-1]),
           "eval_loss": float(history["val_loss"][-1]),
-          "train_loss": float(history["loss"][-1]),
+          # fit's "loss" holds the kernels' L2 term, the project's does not.
+          "train_loss": float(history["data_loss"][-1]),
+          "train_loss_with_l2": float(history["loss"][-1]),
+          "train_loss_measure": TRAIN_LOSS,
           "train_steps": quarter * EVALS, "images": quarter * EVALS * batch,
           "steps_per_sec": timer.steps / max(timer.seconds, 1e-9),
           "seconds": seconds,
           "evals": [(s, float(t)) for s, t in zip(at, history["val_accuracy"])],
-          "train_losses": [(s, float(t)) for s, t in zip(at, history["loss"])]}
+          "train_losses": [(s, float(t))
+                           for s, t in zip(at, history["data_loss"])]}

@@ -194,6 +194,23 @@ def result(points_: list[dict]) -> str:
           f"one point: {spread:.1f} points.")
 
 
+def train_loss_note(runs: list[dict]) -> str:
+  """What the table's train loss is. Records written before it was
+  measured alike on both paths say so (stock Keras's then held fit's L2
+  term and averaged its last quarter; the project's, its last host
+  loop)."""
+  measures = {r.get("train_loss_measure") for r in runs}
+  if None not in measures:
+    return "Train loss: " + "; ".join(sorted(measures)) + "."
+  if any(r.get("path") == "stock_keras" for r in runs):
+    return ("Train loss: the project's path's is its last host loop's "
+            "cross-entropy; stock Keras's is fit's mean over the last "
+            "quarter of the steps with the L2 term of its kernels: they "
+            "are not comparable (these runs predate the measure both "
+            "paths now share).")
+  return "Train loss: the cross-entropy of the run's last host loop."
+
+
 def markdown(study: dict) -> str:
   """Claim, setting, a table of every point, and what differs per point."""
   lines = [f"# {study['title']}", "", f"Claim: {study['claim']}", "",
@@ -215,8 +232,11 @@ def markdown(study: dict) -> str:
     lines += [f"Stock Keras's momentum trained at "
               f"x{study['stock_lr_scale']:g} of the papers' peak LR"
               + (f", the pick of {choice['file']}" if choice else "")
-              + f"; the recipe side at {recipe['optimizer']} peak "
-              f"{recipe['base_learning_rate']:g}; the flagfile holds the "
+              + f"; the recipe side at {recipe['optimizer']} "
+              + ("peak " if recipe["learning_rate_scaling"] == "none" else
+                 "base LR ") + f"{recipe['base_learning_rate']:g}"
+              + ("" if recipe["learning_rate_scaling"] == "none" else
+                 " per 256 images") + "; the flagfile holds the "
               "recipe side's pick: "
               + ("yes" if study.get("recipe_is_choice") else "no") + ".",
               ""]
@@ -232,6 +252,14 @@ def markdown(study: dict) -> str:
                   if side != "file")
                  + f" (stock Keras's pick in {centre['file']}, the "
                  "recipe's flagfile)" if centre else "") + ".", ""]
+  if study.get("prior"):  # the revised choice: the long picks compete
+    prior = study["prior"]
+    lines += [f"Also candidates, measured in {prior['file']} on the same "
+              "seeds and listed first: " + "; ".join(
+                  f"{side}: {pick['candidate']} "
+                  f"({_percent(pick['top1_mean'])}%)"
+                  for side, pick in prior.items() if side != "file")
+              + ".", ""]
   lines += [
            "| criterion | gap (points) | pooled seed spread | steps at "
            "largest batch | control converged | verdict |",
@@ -244,7 +272,7 @@ def markdown(study: dict) -> str:
         f"{'yes' if v['control_converged'] else 'not converged'} | "
         f"{v['verdict']} |")
   lines += ["", "Criteria, declared before the runs: " + " ".join(
-      study["criteria"]), "",
+      study["criteria"]), "", train_loss_note(study["runs"]), "",
             "| point | seeds | test top-1 % (mean) | min-max | std | "
             "train loss | steps | steps/s |",
             "|---|---|---|---|---|---|---|---|"]

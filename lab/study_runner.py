@@ -68,6 +68,16 @@ def steady_steps_per_sec(train: list[dict]) -> float:
   return sum(s for s, _ in steady) / sum(t for _, t in steady)
 
 
+def last_quarter_loss(train: list[dict]) -> float:
+  """The mean training loss of the host loops in the run's last quarter of
+  steps, weighted by their examples (study_baseline.TRAIN_LOSS)."""
+  last = train[-1]["step"]
+  kept = [r for r in train
+          if r["step"] > last - last // study_baseline.EVALS] or train[-1:]
+  return (sum(r["loss"] * r["examples"] for r in kept)
+          / sum(r["examples"] for r in kept))
+
+
 class Runner:
   """Trains, remembers and reports the runs of the studies."""
 
@@ -184,7 +194,8 @@ class Runner:
     return {"top1": final["top1"], "top5": final["top5"],
             "eval_seconds": final["examples"] / final["images_per_sec"],
             "eval_loss": final["loss"], "test_examples": final["examples"],
-            "train_steps": final["step"], "train_loss": train[-1]["loss"],
+            "train_steps": final["step"], "train_loss": last_quarter_loss(train),
+            "train_loss_measure": study_baseline.TRAIN_LOSS,
             "images": sum(r["examples"] for r in train),
             "steps_per_sec": steady_steps_per_sec(train),
             "evals": [(r["step"], r["top1"]) for r in evals],
@@ -264,6 +275,14 @@ class Runner:
           base, scale, 1.0, study_plan.recipe_settings())
     if "recipe_long" in names:
       runs += study_plan.recipe_long_runs(
+          base, scale, study_plan.recipe_settings(), 1.0)
+    if "recipe_revised_choice" in names:
+      recipe = study_plan.recipe_settings()
+      runs += study_plan.revised_choice_runs(
+          base, scale, study_plan.revised_stock_candidates(1.0)
+          + study_plan.revised_recipe_candidates(1.0, recipe))
+    if "recipe_revised" in names:
+      runs += study_plan.recipe_revised_runs(
           base, scale, study_plan.recipe_settings(), 1.0)
     if "regime" in names:
       runs += study_plan.regime_runs(base, scale)

@@ -339,6 +339,169 @@ def test_the_long_studies_refuse_to_start_without_their_choice():
   study.needs_choice(["recipe_choice", "recipe_long_choice"], None, None)
 
 
+def test_the_revised_choice_adds_one_stock_lr_and_three_recipes(tmp_path):
+  """recipe_revised_choice: stock Keras one grid step past its long pick;
+  the recipe's LARS with only the flip changed, and stock Keras's own
+  momentum rule with the flagfile's input, init and network, flip off and
+  on; every run at the long budget on RECIPE_CHOICE_SEEDS."""
+  recipe = study_plan.recipe_settings()
+  stock = study_plan.revised_stock_candidates(8.0)
+  assert stock == [("stock Keras", "momentum x16", {"lr_scale": 16.0})]
+  candidates = study_plan.revised_recipe_candidates(8.0, recipe)
+  assert [(s, n) for s, n, _ in candidates] == [
+      ("recipe", "LARS 5"), ("recipe", "project, momentum x8, no flip"),
+      ("recipe", "project, momentum x8")]
+  assert {k for k in recipe if recipe[k] != candidates[0][2][k]} == {
+      "random_flip"}
+  rule = {"optimizer": "momentum", "learning_rate_scaling": "linear",
+          "base_learning_rate": 0.8, "lr_schedule": "cosine"}
+  for (_, name, what), flip in zip(candidates[1:], (False, True)):
+    assert {k: what[k] for k in rule} == rule, name
+    assert what["random_flip"] is flip
+    assert {k for k in recipe if recipe[k] != what[k]} <= set(rule) | {
+        "random_flip"}, name
+  scale = study_plan.DEFAULT.shrunk().shrunk()
+  base = _runner(tmp_path).base.replace(num_train_images=scale.num_train)
+  runs = study_plan.revised_choice_runs(base, scale, stock + candidates)
+  assert {r.seed for r in runs} == set(study_plan.RECIPE_CHOICE_SEEDS)
+  assert {r.cfg.run.total_train_steps for r in runs} == {9600}
+  momentum = [r for r in runs if r.path == "project"
+              and r.cfg.optim.optimizer == "momentum"]
+  assert len(momentum) == 4
+  for run in momentum:  # the same schedule as stock Keras's at x8
+    assert run.cfg.optim.learning_rate_scaling == "linear"
+    assert run.cfg.optim.warmup_epochs == pytest.approx(4.5)
+
+
+class _Runner:
+  """Trains nothing: each run's top-1 is `top1[candidate]`."""
+
+  def __init__(self, base, top1):
+    self.base, self.top1, self.ran = base, top1, []
+
+  def execute_all(self, runs):
+    self.ran += runs
+    return [{"point": r.point, "top1": self.top1[dict(r.point)["candidate"]]}
+            for r in runs]
+
+
+  def study(self, name, runs, criteria, extra=None, scale=None):
+    self.studies = getattr(self, "studies", {})
+    self.studies[name] = (runs, criteria, extra, scale)
+    return [f"{name}.md", f"{name}.json", f"{name}.png"]
+
+
+def _long_choice(recipe):
+  chosen = {"stock Keras": {"candidate": "momentum x8", "lr_scale": 8.0,
+                            "top1_mean": 0.877},
+            "recipe": {"candidate": "LARS 5, no flip", "settings": recipe,
+                       "top1_mean": 0.869}}
+  records = [{"point": [["side", side], ["candidate", name]], "top1": top1}
+             for side, name, top1 in (
+                 ("stock Keras", "momentum x4", 0.99),  # not a pick
+                 ("stock Keras", "momentum x8", 0.877),
+                 ("recipe", "LARS 5, no flip", 0.869))]
+  return chosen, records
+
+
+@pytest.mark.parametrize("stock_top, recipe_top, stock_pick, recipe_pick", [
+    (0.870, 0.860, 8.0, "LARS 5, no flip"),  # the long picks stay
+    (0.877, 0.869, 8.0, "LARS 5, no flip"),  # a tie keeps them
+    (0.890, 0.880, 16.0, "project, momentum x16"),  # x16 sets momentum's
+])
+def test_the_revised_choice_weighs_new_candidates_against_the_long_picks(
+    tmp_path, stock_top, recipe_top, stock_pick, recipe_pick):
+  from lab import study
+  recipe = study_plan.recipe_settings()
+  chosen, records = _long_choice(recipe)
+  top1 = {"momentum x16": stock_top, "LARS 5": 0.5,
+          **{f"project, momentum x{x}{flip}": recipe_top - 0.01 * bool(flip)
+             for x in (8, 16) for flip in ("", ", no flip")}}
+  scale = study_plan.DEFAULT.shrunk().shrunk()
+  runner = _Runner(_runner(tmp_path).base.replace(
+      num_train_images=scale.num_train), top1)
+  revised, runs = study.revised_recipe_choice(runner, scale, chosen,
+                                              records, "long.json")
+  assert runs == runner.ran and len(runs) == 8
+  assert revised["stock Keras"]["lr_scale"] == stock_pick
+  assert revised["recipe"]["candidate"] == recipe_pick
+  # The recipe's momentum trains at stock Keras's revised pick.
+  assert [r.cfg.optim.base_learning_rate for r in runs
+          if r.path == "project" and r.cfg.optim.optimizer == "momentum"] \
+      == pytest.approx([0.1 * stock_pick] * 4)
+
+
+def test_the_revised_studies_read_the_committed_long_choice(tmp_path):
+  """make study-recipe-revised's wiring, nothing trained: the committed
+  recipe_long_choice.json's picks and runs compete; the check trains the
+  revised picks and names the revised choice's file."""
+  import os
+  from lab import study
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  path = os.path.join(root, "bench_results/studies/recipe_long_choice.json")
+  scale = study_plan.DEFAULT.shrunk().shrunk()
+  record = study.read_choice_record(path, study_plan.long_scale(scale))
+  top1 = {"momentum x16": 0.5, "LARS 5": 0.5,
+          "project, momentum x8, no flip": 0.95,
+          "project, momentum x8": 0.9}
+  runner = _Runner(_runner(tmp_path).base.replace(
+      num_train_images=scale.num_train), top1)
+  written = study.run_studies(
+      ["recipe_revised_choice", "recipe_revised"], scale, runner,
+      recipe_long_choice=(record["chosen"], path),
+      long_records=record["runs"])
+  assert written[1] == "recipe_revised_choice.json"
+  runs, _, extra, at = runner.studies["recipe_revised_choice"]
+  assert at == study_plan.long_scale(scale) and len(runs) == 8
+  assert extra["prior"]["file"] == path
+  assert extra["prior"]["stock Keras"]["candidate"] == "momentum x8"
+  picks = extra["chosen"]
+  assert picks["stock Keras"]["candidate"] == "momentum x8"
+  assert picks["recipe"]["candidate"] == "project, momentum x8, no flip"
+  runs, criteria, extra, at = runner.studies["recipe_revised"]
+  assert extra["choice"]["file"] == "recipe_revised_choice.json"
+  assert extra["recipe"] == picks["recipe"]["settings"]
+  assert extra["stock_lr_scale"] == 8.0
+  assert not extra["recipe_is_choice"]
+  assert {r.seed for r in runs} == set(study_plan.RECIPE_REVISED_SEEDS)
+
+
+def test_the_revised_check_trains_its_picks_on_fresh_seeds(tmp_path):
+  recipe = study_plan.revised_recipe_candidates(
+      8.0, study_plan.recipe_settings())[1][2]
+  scale = study_plan.DEFAULT.shrunk().shrunk()
+  runs = study_plan.recipe_revised_runs(
+      _runner(tmp_path).base.replace(num_train_images=scale.num_train),
+      scale, recipe, 16.0)
+  assert [(r.path, r.seed) for r in runs] == [
+      (path, seed) for seed in (12, 13, 14)
+      for path in ("stock_keras", "project")]
+  assert not set(study_plan.RECIPE_REVISED_SEEDS) & set(
+      study_plan.RECIPE_LONG_SEEDS + study_plan.RECIPE_SEEDS
+      + study_plan.RECIPE_CHOICE_SEEDS + (2, 3, 4, 5))
+  for run in runs:
+    assert run.study == "recipe_revised"
+    assert run.cfg.run.total_train_steps == 9600
+    if run.path == "stock_keras":
+      assert run.cfg.optim.base_learning_rate == pytest.approx(1.6)
+    else:
+      flat = run.cfg.flat()
+      assert {k: flat[k] for k in recipe} == recipe
+
+
+def test_the_revised_studies_refuse_to_start_without_their_choice():
+  from lab import study
+  with pytest.raises(ValueError, match="recipe_long_choice.json's picks "
+                     "and runs"):
+    study.needs_choice(["recipe_revised_choice"], None, None)
+  with pytest.raises(ValueError, match="recipe_revised_choice.json's"):
+    study.needs_choice(["recipe_revised"], None, None, None)
+  study.needs_choice(["recipe_revised_choice", "recipe_revised"], None,
+                     ({}, "f"))
+  study.needs_choice(["recipe_long_choice", "recipe_revised_choice"],
+                     ({}, "f"), None)
+
+
 def test_the_flagfile_ships_the_committed_recipe_choice():
   """flags/small_images.cfg holds, in every RECIPE_KEYS setting, the
   recipe side's pick of the committed recipe_choice.json."""

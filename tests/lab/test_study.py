@@ -148,6 +148,40 @@ def test_every_run_is_recorded_with_its_config_and_every_test_image(smoke,
   assert "Fashion-MNIST" in study["setting"]
 
 
+def test_both_paths_record_their_training_loss_alike(smoke):
+  """fit's logged loss holds the kernels' L2 term; the project's does not.
+  Both records hold the data loss over the last quarter of the steps."""
+  from lab import study_baseline
+  with open(smoke / "out" / "baseline_stock_keras.json") as f:
+    study = json.load(f)
+  paths = {run["path"] for run in study["runs"]}
+  assert paths == {"stock_keras", "project"}
+  for run in study["runs"]:
+    assert run["train_loss_measure"] == study_baseline.TRAIN_LOSS
+    if run["path"] == "stock_keras":
+      assert run["settings"]["weight_decay"] > 0
+      assert 0 < run["train_loss"] < run["train_loss_with_l2"]
+      assert run["train_losses"][-1][1] == run["train_loss"]
+  with open(smoke / "out" / "baseline_stock_keras.md") as f:
+    assert f"Train loss: {study_baseline.TRAIN_LOSS}." in f.read()
+
+
+def test_the_project_s_train_loss_averages_its_last_quarter():
+  from lab import study_runner
+  loops = [{"step": 5 * (i + 1), "loss": float(10 - i), "examples": 40}
+           for i in range(8)]  # 40 steps: the last quarter is 31-40
+  assert study_runner.last_quarter_loss(loops) == pytest.approx(3.5)
+  loops[-1]["examples"] = 120  # a weight-0 example is not counted
+  assert study_runner.last_quarter_loss(loops) == pytest.approx(3.25)
+
+
+def test_records_from_before_the_shared_measure_say_they_differ():
+  from lab import study_report
+  old = [{"path": "stock_keras"}, {"path": "project"}]
+  assert "not comparable" in study_report.train_loss_note(old)
+  assert "last host loop" in study_report.train_loss_note(old[1:])
+
+
 def test_b_c_baseline_and_crop_train_with_lr_s_choice(smoke):
   from lab import study_plan
   with open(smoke / "out" / "lr_choice.json") as f:
