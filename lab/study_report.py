@@ -99,6 +99,24 @@ TEXT = {
                         "at its LR picked at that budget "
                         "(recipe_long_choice), the same batch and steps.",
                         "path", True),
+    "recipe_revised_choice": Text(
+        "recipe_revised_choice", "The revised small-image recipe's choice "
+        "at three times the budget, on seeds 0 and 1 (issue 36)",
+        "Stock Keras's momentum one grid step past its long pick, and the "
+        "recipe's revised candidates (its LARS with the random flip on; "
+        "stock Keras's momentum rule at its pick with the recipe's input, "
+        "init and network, the flip off and on) compete with the long "
+        "choice's picks; each side keeps its highest mean top-1, and the "
+        "check then runs on fresh seeds.", "candidate", True),
+    "recipe_revised": Text("recipe_revised", "The revised small-image "
+                           "recipe against stock Keras model.fit at three "
+                           "times the budget",
+                           "The revised recipe's input, network and "
+                           "optimizer choices (recipe_revised_choice's "
+                           "pick) train the study's network better than a "
+                           "plain model.fit with momentum at its revised "
+                           "LR pick, at the long check's epochs, batch and "
+                           "steps, on fresh seeds.", "path", True),
     "regime": Text("b_regime", "b in the papers' regime: the largest "
                    "batch 2.5 % of the images a step, 30 epochs (Goyal "
                    "2017; Ying 2018 §3; You 2017)",

@@ -511,3 +511,11 @@ def test_the_flagfile_ships_the_committed_recipe_choice():
   with open(os.path.join(root, study_plan.RECIPE_CHOICE_FILE)) as f:
     chosen = json.load(f)["chosen"][study_plan.RECIPE_SIDE]["settings"]
   assert study_plan.recipe_settings() == chosen
+
+
+def test_every_study_has_its_title_and_claim():
+  """lab/study.py's runner writes each study under study_report.TEXT's
+  name: a study without one would train for an hour, then fail."""
+  from lab import study
+  from lab import study_report
+  assert set(study.STUDIES) == set(study_report.TEXT)

@@ -601,3 +601,49 @@ def test_the_long_check_trains_the_long_choice_s_picks_at_3x_the_steps(
     text = f.read()
   assert "Picks (highest mean top-1" in text
   assert f"Centred on stock Keras: momentum x{centre:g}; recipe: LARS " in text
+
+
+@pytest.fixture(scope="module")
+def smoke_revised(smoke_long):
+  """The revised recipe studies, as make study-recipe-revised: they read
+  the smoke's recipe_long_choice.json."""
+  result = subprocess.run(
+      [sys.executable, "-m", "lab.study", "--smoke",
+       "--studies=recipe_revised_choice,recipe_revised",
+       f"--fashion_mnist_dir={smoke_long / 'idx'}",
+       f"--cache_dir={smoke_long / 'cache'}",
+       f"--work_dir={smoke_long / 'work'}",
+       f"--output_dir={smoke_long / 'out'}"],
+      cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return smoke_long
+
+
+def test_the_revised_check_trains_the_revised_picks(smoke_revised):
+  """recipe_revised_choice weighs its new candidates against the long
+  picks (read from the file); recipe_revised trains the revised picks on
+  RECIPE_REVISED_SEEDS, each run's training loss measured alike."""
+  from lab import study_baseline
+  from lab import study_plan
+  out = smoke_revised / "out"
+  long_choice, revised, check = (
+      json.loads((out / f"{name}.json").read_text()) for name in (
+          "recipe_long_choice", "recipe_revised_choice", "recipe_revised"))
+  stock = long_choice["chosen"]["stock Keras"]
+  assert revised["prior"]["stock Keras"]["candidate"] == stock["candidate"]
+  assert revised["prior"]["file"].endswith("recipe_long_choice.json")
+  assert [r["settings"]["base_learning_rate"] for r in revised["runs"]
+          if r["path"] == "stock_keras"] == pytest.approx(
+              [0.2 * stock["lr_scale"]] * 2)
+  assert revised["scale"]["train_epochs"] == check["scale"]["train_epochs"]
+  assert {r["seed"] for r in check["runs"]} == set(
+      study_plan.RECIPE_REVISED_SEEDS)
+  picks = revised["chosen"]
+  assert check["stock_lr_scale"] == picks["stock Keras"]["lr_scale"]
+  for run in check["runs"]:
+    assert run["train_loss_measure"] == study_baseline.TRAIN_LOSS
+    if run["path"] != "stock_keras":
+      assert {k: run["settings"][k] for k in check["recipe"]} == \
+          picks["recipe"]["settings"]
+  with open(out / "recipe_revised_choice.md") as f:
+    assert "Also candidates, measured in " in f.read()
