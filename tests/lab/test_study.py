@@ -171,7 +171,7 @@ def test_the_project_s_train_loss_averages_its_last_quarter():
   loops = [{"step": 5 * (i + 1), "loss": float(10 - i), "examples": 40}
            for i in range(8)]  # 40 steps: the last quarter is 31-40
   assert study_runner.last_quarter_loss(loops) == pytest.approx(3.5)
-  loops[-1]["examples"] = 120  # a weight-0 example is not counted
+  loops[-1]["examples"] = 120  # weighted by its examples: (4*40 + 3*120) / 160
   assert study_runner.last_quarter_loss(loops) == pytest.approx(3.25)
 
 
