@@ -514,7 +514,7 @@ def test_the_flagfile_ships_the_committed_recipe_choice():
 
 
 def test_every_study_has_its_title_and_claim():
-  """lab/study.py's runner writes each study under study_report.TEXT's
+  """The studies' runner writes each study under study_report.TEXT's
   name: a study without one would train for an hour, then fail."""
   from lab import study
   from lab import study_report
