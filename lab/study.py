@@ -66,6 +66,7 @@ import shutil
 import signal
 import sys
 import time
+from typing import Callable
 
 from absl import app
 from absl import flags
@@ -184,26 +185,22 @@ def needs_choice(names: list[str], choice: tuple | None,
   """ValueError, before anything trains, when recipe_long_choice has no
   recipe_choice to centre on, recipe_long or recipe_revised_choice no
   long choice, or recipe_revised no revised choice to train."""
-  if ("recipe_long_choice" in names and "recipe_choice" not in names
-      and choice is None):
-    raise ValueError("recipe_long_choice centres its grid on "
-                     "recipe_choice.json's picks: none in --output_dir (run "
-                     "make study-recipe-choice first).")
-  if ("recipe_long" in names and "recipe_long_choice" not in names
-      and long_choice is None):
-    raise ValueError("recipe_long trains recipe_long_choice.json's picks: "
-                     "none in --output_dir (make study-recipe-long runs "
-                     "both).")
-  if ("recipe_revised_choice" in names
-      and "recipe_long_choice" not in names and long_choice is None):
-    raise ValueError("recipe_revised_choice weighs its candidates against "
-                     "recipe_long_choice.json's picks and runs: none in "
-                     "--output_dir (run make study-recipe-long first).")
-  if ("recipe_revised" in names and "recipe_revised_choice" not in names
-      and revised_choice is None):
-    raise ValueError("recipe_revised trains recipe_revised_choice.json's "
-                     "picks: none in --output_dir (make "
-                     "study-recipe-revised runs both).")
+  # (study, the choice it needs, that choice read from --output_dir, why)
+  for name, needed, read, why in (
+      ("recipe_long_choice", "recipe_choice", choice,
+       "centres its grid on recipe_choice.json's picks: none in "
+       "--output_dir (run make study-recipe-choice first)."),
+      ("recipe_long", "recipe_long_choice", long_choice,
+       "trains recipe_long_choice.json's picks: none in --output_dir "
+       "(make study-recipe-long runs both)."),
+      ("recipe_revised_choice", "recipe_long_choice", long_choice,
+       "weighs its candidates against recipe_long_choice.json's picks and "
+       "runs: none in --output_dir (run make study-recipe-long first)."),
+      ("recipe_revised", "recipe_revised_choice", revised_choice,
+       "trains recipe_revised_choice.json's picks: none in --output_dir "
+       "(make study-recipe-revised runs both).")):
+    if name in names and needed not in names and read is None:
+      raise ValueError(f"{name} {why}")
 
 
 def run_studies(names: list[str], scale: study_plan.Scale,
@@ -310,14 +307,8 @@ def run_studies(names: list[str], scale: study_plan.Scale,
                "chosen": long_choice})
     long_file = written[-2]
   if "recipe_long" in names:
-    recipe = long_choice[plan.RECIPE_SIDE]["settings"]
-    stock = long_choice[plan.STOCK_SIDE]["lr_scale"]
-    written += runner.study(
-        "recipe_long", plan.recipe_long_runs(base, scale, recipe, stock),
-        plan.recipe_criteria(), scale=long,
-        extra={"recipe": recipe, "stock_lr_scale": stock,
-               "choice": {"file": long_file, **long_choice},
-               "recipe_is_choice": recipe == plan.recipe_settings()})
+    written += picked_check(runner, "recipe_long", plan.recipe_long_runs,
+                            scale, long_choice, long_file)
   revised, revised_file = recipe_revised_choice or (None, None)
   if "recipe_revised_choice" in names:
     revised, runs = revised_recipe_choice(runner, scale, long_choice,
@@ -331,21 +322,32 @@ def run_studies(names: list[str], scale: study_plan.Scale,
                "chosen": revised})
     revised_file = written[-2]
   if "recipe_revised" in names:
-    recipe = revised[plan.RECIPE_SIDE]["settings"]
-    stock = revised[plan.STOCK_SIDE]["lr_scale"]
-    written += runner.study(
-        "recipe_revised", plan.recipe_revised_runs(base, scale, recipe,
-                                                   stock),
-        plan.recipe_criteria(), scale=long,
-        extra={"recipe": recipe, "stock_lr_scale": stock,
-               "choice": {"file": revised_file, **revised},
-               "recipe_is_choice": recipe == plan.recipe_settings()})
+    written += picked_check(runner, "recipe_revised",
+                            plan.recipe_revised_runs, scale, revised,
+                            revised_file)
   if "regime" in names:
     written += runner.study(
         "regime", plan.regime_runs(base, scale, lr_scales),
         plan.regime_criteria(scale),
         extra={"chosen_lr_scales": lr_scales, "lr_chosen_at": lr_source})
   return written
+
+
+def picked_check(runner: "study_runner.Runner", name: str,
+                 make_runs: Callable, scale: study_plan.Scale,
+                 chosen: dict, chosen_file: str) -> list[str]:
+  """A recipe check at long_scale(scale) (recipe_long, recipe_revised):
+  `make_runs` (base, scale, recipe, stock LR scale) trains each side at
+  `chosen`'s pick, made in `chosen_file`; returns the files written."""
+  plan = study_plan
+  recipe = chosen[plan.RECIPE_SIDE]["settings"]
+  stock = chosen[plan.STOCK_SIDE]["lr_scale"]
+  return runner.study(
+      name, make_runs(runner.base, scale, recipe, stock),
+      plan.recipe_criteria(), scale=plan.long_scale(scale),
+      extra={"recipe": recipe, "stock_lr_scale": stock,
+             "choice": {"file": chosen_file, **chosen},
+             "recipe_is_choice": recipe == plan.recipe_settings()})
 
 
 def revised_recipe_choice(runner: "study_runner.Runner",
