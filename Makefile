@@ -9,7 +9,7 @@ DEMO_RUN := runs/demo
 .PHONY: venv lint test test-lab test-tpu-build check-requirements demo bench \
 	bench-collectives bench-cpu-kernels profile-ops accelerator-check study \
 	study-ladder study-recipe-choice study-recipe study-recipe-long \
-	study-recipe-revised study-regime clean
+	study-recipe-revised study-recipe-crop study-regime clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -187,6 +187,14 @@ study-recipe-long: venv
 # seeds 12-14 (lab/study_plan.py; about 60 minutes).
 study-recipe-revised: venv
 	$(PY) -m lab.study --studies=recipe_revised_choice,recipe_revised \
+	    --halvings=2 --output_dir=bench_results/studies
+
+# The next round at those 30 epochs (issue 36): stock Keras's LR one more
+# step, the revised recipe with mild train crops (min area 0.8, 0.5), each
+# against recipe_revised_choice.json's picks on seeds 0 and 1; then the
+# check on fresh seeds 15-17 (lab/study_plan.py; about 55 minutes).
+study-recipe-crop: venv
+	$(PY) -m lab.study --studies=recipe_crop_choice,recipe_crop \
 	    --halvings=2 --output_dir=bench_results/studies
 
 # Study b in the papers' regime (issue 36): the largest batch 2.5 % of the

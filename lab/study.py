@@ -44,6 +44,9 @@ pre-declared criteria (lab/study_verdict.py):
           flip on and stock Keras's momentum with the recipe's input and
           init, each against the long picks; then the check on fresh
           seeds;
+  recipe_crop_choice, recipe_crop  the next round: stock Keras's LR one
+          more step, the revised recipe with mild train crops, each
+          against the revised picks; then the check on fresh seeds;
   regime  b in the papers' regime (study_plan.REGIME: the largest batch
           2.5 % of the images a step, 30 epochs), LARS against momentum at
           the largest batch; it runs alone, at its own scale, with the LR
@@ -66,7 +69,6 @@ import shutil
 import signal
 import sys
 import time
-from typing import Callable
 
 from absl import app
 from absl import flags
@@ -81,12 +83,13 @@ from lab import study_verdict
 FLAGS = flags.FLAGS
 STUDIES = ("lr", "a", "b", "c", "baseline", "crop", "ladder",
            "recipe_choice", "recipe", "recipe_long_choice", "recipe_long",
-           "recipe_revised_choice", "recipe_revised", "regime")
+           "recipe_revised_choice", "recipe_revised", "recipe_crop_choice",
+           "recipe_crop", "regime")
 # `make study`: the ladder, the recipe's choices and checks, and the regime
 # run on their own (`make study-ladder`, `make study-recipe-choice`,
 # `make study-recipe`, `make study-recipe-long`, `make
-# study-recipe-revised`, `make study-regime`).
-DEFAULT_STUDIES = STUDIES[:-8]
+# study-recipe-revised`, `make study-recipe-crop`, `make study-regime`).
+DEFAULT_STUDIES = STUDIES[:-10]
 MAX_HALVINGS = 4
 PATH_FLAGS = ("--work_dir", "--cache_dir", "--output_dir", "--image_dir",
               "--fashion_mnist_dir")
@@ -96,7 +99,8 @@ def define_flags() -> None:
   flags.DEFINE_list("studies", list(DEFAULT_STUDIES), "Studies to run: lr, "
                     "a, b, c, baseline, crop, ladder, recipe_choice, recipe, "
                     "recipe_long_choice, recipe_long, recipe_revised_choice, "
-                    "recipe_revised, regime (each "
+                    "recipe_revised, recipe_crop_choice, recipe_crop, "
+                    "regime (each "
                     "runs lr first: it chooses their LR rules, unless "
                     "--lr_choice); regime runs alone.")
   flags.DEFINE_float("budget_minutes", 90.0, "Halve the images until the "
@@ -172,52 +176,59 @@ def read_choice_record(path: str, scale: study_plan.Scale) -> dict | None:
   return record
 
 
-def read_recipe_choice(path: str, scale: study_plan.Scale
-                       ) -> tuple[dict, str] | None:
-  """The `chosen` of read_choice_record(path, scale) and the path."""
-  record = read_choice_record(path, scale)
-  return None if record is None else (record["chosen"], path)
+# Each recipe study after recipe_choice: the choice whose picks it trains
+# or weighs against (read from --output_dir when that one does not run in
+# the same command); and the make target that writes each choice.
+NEEDS = {"recipe_long_choice": "recipe_choice",
+         "recipe_long": "recipe_long_choice",
+         **{name: prior for name, (prior, _) in study_plan.ROUNDS.items()},
+         **{name.removesuffix("_choice"): name
+            for name in study_plan.ROUNDS}}
+MAKES = {"recipe_choice": "study-recipe-choice",
+         "recipe_long_choice": "study-recipe-long",
+         "recipe_revised_choice": "study-recipe-revised",
+         "recipe_crop_choice": "study-recipe-crop"}
 
 
-def needs_choice(names: list[str], choice: tuple | None,
-                 long_choice: tuple | None,
-                 revised_choice: tuple | None = None) -> None:
-  """ValueError, before anything trains, when recipe_long_choice has no
-  recipe_choice to centre on, recipe_long or recipe_revised_choice no
-  long choice, or recipe_revised no revised choice to train."""
-  # (study, the choice it needs, that choice read from --output_dir, why)
-  for name, needed, read, why in (
-      ("recipe_long_choice", "recipe_choice", choice,
-       "centres its grid on recipe_choice.json's picks: none in "
-       "--output_dir (run make study-recipe-choice first)."),
-      ("recipe_long", "recipe_long_choice", long_choice,
-       "trains recipe_long_choice.json's picks: none in --output_dir "
-       "(make study-recipe-long runs both)."),
-      ("recipe_revised_choice", "recipe_long_choice", long_choice,
-       "weighs its candidates against recipe_long_choice.json's picks and "
-       "runs: none in --output_dir (run make study-recipe-long first)."),
-      ("recipe_revised", "recipe_revised_choice", revised_choice,
-       "trains recipe_revised_choice.json's picks: none in --output_dir "
-       "(make study-recipe-revised runs both).")):
-    if name in names and needed not in names and read is None:
-      raise ValueError(f"{name} {why}")
+def read_choices(names: list[str], output_dir: str,
+                 scale: study_plan.Scale) -> dict[str, dict]:
+  """The choices that `names` need and do not run (NEEDS; recipe reads
+  recipe_choice's if there is one), from `output_dir`: {choice: {"chosen",
+  "runs", "file"}}."""
+  wanted = {NEEDS[n] for n in names if n in NEEDS}
+  wanted |= {"recipe_choice"} if "recipe" in names else set()
+  choices = {}
+  for name in sorted(wanted - set(names)):
+    path = os.path.join(output_dir, f"{name}.json")
+    record = read_choice_record(path, scale if name == "recipe_choice"
+                                else study_plan.long_scale(scale))
+    if record is not None:  # a round's picks may come from its prior
+      choices[name] = {"chosen": record["chosen"], "file": path,
+                       "runs": record["runs"] + record.get("prior_runs", [])}
+  return choices
+
+
+def needs_choice(names: list[str], choices: dict[str, dict]) -> None:
+  """ValueError, before anything trains, when a study's choice (NEEDS)
+  neither runs in `names` nor is in `choices`."""
+  for name in names:
+    needed = NEEDS.get(name)
+    if needed and needed not in names and needed not in choices:
+      raise ValueError(f"{name} needs {needed}.json's picks and runs: none "
+                       f"in --output_dir (run make {MAKES[needed]} first).")
 
 
 def run_studies(names: list[str], scale: study_plan.Scale,
                 runner: "study_runner.Runner",
                 lr_scales: dict | None = None,
                 lr_source: dict | None = None,
-                recipe_choice: tuple[dict, str] | None = None,
-                recipe_long_choice: tuple[dict, str] | None = None,
-                long_records: list[dict] | None = None,
-                recipe_revised_choice: tuple[dict, str] | None = None
-                ) -> list[str]:
+                choices: dict[str, dict] | None = None) -> list[str]:
   """Runs the named studies in order; returns the files written.
   `lr_scales`: lr's choice, already made (lr does not run again), at
-  `lr_source` (its file and scale); `recipe_choice`, `recipe_long_choice`
-  and `recipe_revised_choice`: their `chosen` and file, unless they run
-  here; `long_records`: the runs of recipe_long_choice's file."""
+  `lr_source` (its file and scale); `choices`: the recipe choices made
+  before, as read_choices gives them."""
   written, base, plan = [], runner.base, study_plan
+  choices = dict(choices or {})
   if lr_scales is not None:
     logging.info("LR rules taken from --lr_choice: %s", lr_scales)
   elif any(name in plan.NEEDS_LR for name in names):
@@ -263,68 +274,47 @@ def run_studies(names: list[str], scale: study_plan.Scale,
         "ladder", plan.ladder_runs(base, scale, lr_scales),
         plan.ladder_criteria(plan.lr_scale(lr_scales, "momentum")),
         extra={"chosen_lr_scales": lr_scales})
-  choice, choice_file = recipe_choice or (None, None)
   if "recipe_choice" in names:
     runs = plan.recipe_choice_runs(base, scale, lr_scales)
-    choice = plan.recipe_choice(runner.execute_all(runs),
-                                plan.recipe_candidates(lr_scales))
+    records = runner.execute_all(runs)
+    choice = plan.recipe_choice(records, plan.recipe_candidates(lr_scales))
     logging.info("Recipe choice on seeds %s: %s", plan.RECIPE_CHOICE_SEEDS,
                  choice)
     written += runner.study("recipe_choice", runs, [],
                             extra={"chosen_lr_scales": lr_scales,
                                    "chosen": choice})
-    choice_file = written[-2]
+    choices["recipe_choice"] = {"chosen": choice, "runs": records,
+                                "file": written[-2]}
   if "recipe" in names:
-    recipe = plan.recipe_settings()
-    stock = (plan.lr_scale(lr_scales, "momentum") if choice is None else
-             choice[plan.STOCK_SIDE]["lr_scale"])
-    written += runner.study(
-        "recipe", plan.recipe_runs(base, scale, lr_scales, recipe, stock),
-        plan.recipe_criteria(),
-        extra={"chosen_lr_scales": lr_scales, "recipe": recipe,
-               "stock_lr_scale": stock,
-               "choice": choice and {"file": choice_file, **choice},
-               "recipe_is_choice": bool(choice) and recipe == choice[
-                   plan.RECIPE_SIDE]["settings"]})
-  long, (long_choice, long_file) = (plan.long_scale(scale),
-                                    recipe_long_choice or (None, None))
+    written += recipe_check(runner, scale, lr_scales,
+                            choices.get("recipe_choice"))
   if "recipe_long_choice" in names:
-    # Stock Keras's grid is centred on its pick, the recipe's on the
-    # flagfile under test (a test keeps it recipe_choice's pick).
-    stock, recipe = (choice[plan.STOCK_SIDE]["lr_scale"],
-                     plan.recipe_settings())
-    candidates = plan.recipe_long_candidates(stock, recipe)
-    runs = plan.recipe_long_choice_runs(base, scale, stock, recipe)
-    long_records = runner.execute_all(runs)
-    long_choice = plan.recipe_choice(long_records, candidates)
-    logging.info("Long recipe choice on seeds %s: %s",
-                 plan.RECIPE_CHOICE_SEEDS, long_choice)
-    centre = {side: next(name for s, name, _ in candidates if s == side)
-              for side in (plan.STOCK_SIDE, plan.RECIPE_SIDE)}
+    choices["recipe_long_choice"], runs = long_recipe_choice(
+        runner, scale, choices["recipe_choice"])
     written += runner.study(
-        "recipe_long_choice", runs, [], scale=long,
-        extra={"centre": {"file": choice_file, **centre},
-               "chosen": long_choice})
-    long_file = written[-2]
+        "recipe_long_choice", runs, [], scale=plan.long_scale(scale),
+        extra={"centre": choices["recipe_long_choice"].pop("centre"),
+               "chosen": choices["recipe_long_choice"]["chosen"]})
+    choices["recipe_long_choice"]["file"] = written[-2]
   if "recipe_long" in names:
-    written += picked_check(runner, "recipe_long", plan.recipe_long_runs,
-                            scale, long_choice, long_file)
-  revised, revised_file = recipe_revised_choice or (None, None)
-  if "recipe_revised_choice" in names:
-    revised, runs = revised_recipe_choice(runner, scale, long_choice,
-                                          long_records, long_file)
-    written += runner.study(
-        "recipe_revised_choice", runs, [], scale=long,
-        extra={"prior": {"file": long_file, **{
-            side: {k: long_choice[side][k] for k in ("candidate",
-                                                     "top1_mean")}
-            for side in (plan.STOCK_SIDE, plan.RECIPE_SIDE)}},
-               "chosen": revised})
-    revised_file = written[-2]
-  if "recipe_revised" in names:
-    written += picked_check(runner, "recipe_revised",
-                            plan.recipe_revised_runs, scale, revised,
-                            revised_file)
+    written += picked_check(runner, "recipe_long", scale,
+                            choices["recipe_long_choice"])
+  for name, (prior_name, _) in plan.ROUNDS.items():
+    if name in names:
+      prior = choices[prior_name]
+      choices[name], runs = next_recipe_choice(runner, scale, name, prior)
+      written += runner.study(
+          name, runs, [], scale=plan.long_scale(scale),
+          extra={"prior": {"file": prior["file"], **{
+              side: {k: prior["chosen"][side][k] for k in ("candidate",
+                                                           "top1_mean")}
+              for side in (plan.STOCK_SIDE, plan.RECIPE_SIDE)}},
+                 "chosen": choices[name]["chosen"],
+                 "prior_runs": choices[name]["prior_runs"]})
+      choices[name]["file"] = written[-2]
+    check = name.removesuffix("_choice")
+    if check in names:
+      written += picked_check(runner, check, scale, choices[name])
   if "regime" in names:
     written += runner.study(
         "regime", plan.regime_runs(base, scale, lr_scales),
@@ -333,54 +323,101 @@ def run_studies(names: list[str], scale: study_plan.Scale,
   return written
 
 
-def picked_check(runner: "study_runner.Runner", name: str,
-                 make_runs: Callable, scale: study_plan.Scale,
-                 chosen: dict, chosen_file: str) -> list[str]:
-  """A recipe check at long_scale(scale) (recipe_long, recipe_revised):
-  `make_runs` (base, scale, recipe, stock LR scale) trains each side at
-  `chosen`'s pick, made in `chosen_file`; returns the files written."""
+def recipe_check(runner: "study_runner.Runner", scale: study_plan.Scale,
+                 lr_scales: dict | None, choice: dict | None) -> list[str]:
+  """recipe: the flagfile against stock Keras at `choice`'s pick (else
+  lr's rule); returns the files written."""
   plan = study_plan
+  recipe, chosen = plan.recipe_settings(), choice and choice["chosen"]
+  stock = (plan.lr_scale(lr_scales, "momentum") if chosen is None else
+           chosen[plan.STOCK_SIDE]["lr_scale"])
+  return runner.study(
+      "recipe", plan.recipe_runs(runner.base, scale, lr_scales, recipe,
+                                 stock),
+      plan.recipe_criteria(),
+      extra={"chosen_lr_scales": lr_scales, "recipe": recipe,
+             "stock_lr_scale": stock,
+             "choice": chosen and {"file": choice["file"], **chosen},
+             "recipe_is_choice": bool(chosen) and recipe == chosen[
+                 plan.RECIPE_SIDE]["settings"]})
+
+
+def long_recipe_choice(runner: "study_runner.Runner",
+                       scale: study_plan.Scale, choice: dict
+                       ) -> tuple[dict, list[study_plan.Run]]:
+  """recipe_long_choice: stock Keras's grid centred on `choice`'s pick
+  (recipe_choice), the recipe's on the flagfile under test (a test keeps
+  it recipe_choice's pick). Returns {"chosen", "runs" (records),
+  "centre"} and the runs."""
+  plan = study_plan
+  stock, recipe = (choice["chosen"][plan.STOCK_SIDE]["lr_scale"],
+                   plan.recipe_settings())
+  candidates = plan.recipe_long_candidates(stock, recipe)
+  runs = plan.recipe_long_choice_runs(runner.base, scale, stock, recipe)
+  records = runner.execute_all(runs)
+  chosen = plan.recipe_choice(records, candidates)
+  logging.info("Long recipe choice on seeds %s: %s",
+               plan.RECIPE_CHOICE_SEEDS, chosen)
+  centre = {side: next(name for s, name, _ in candidates if s == side)
+            for side in (plan.STOCK_SIDE, plan.RECIPE_SIDE)}
+  return {"chosen": chosen, "runs": records,
+          "centre": {"file": choice["file"], **centre}}, runs
+
+
+def picked_check(runner: "study_runner.Runner", name: str,
+                 scale: study_plan.Scale, choice: dict) -> list[str]:
+  """A check at long_scale(scale) (study_plan.CHECK_SEEDS's) training each
+  side at the pick of `choice` ({"chosen", "file"}); returns the files
+  written."""
+  plan, chosen = study_plan, choice["chosen"]
   recipe = chosen[plan.RECIPE_SIDE]["settings"]
   stock = chosen[plan.STOCK_SIDE]["lr_scale"]
   return runner.study(
-      name, make_runs(runner.base, scale, recipe, stock),
+      name, plan.long_check_runs(runner.base, scale, name, recipe, stock),
       plan.recipe_criteria(), scale=plan.long_scale(scale),
       extra={"recipe": recipe, "stock_lr_scale": stock,
-             "choice": {"file": chosen_file, **chosen},
+             "choice": {"file": choice["file"], **chosen},
              "recipe_is_choice": recipe == plan.recipe_settings()})
 
 
-def revised_recipe_choice(runner: "study_runner.Runner",
-                          scale: study_plan.Scale, long_choice: dict,
-                          long_records: list[dict], long_file: str
-                          ) -> tuple[dict, list[study_plan.Run]]:
-  """recipe_revised_choice (study_plan): stock Keras's new LR first, its
-  pick then sets the recipe's momentum candidates; each side keeps the
-  best of its candidates and its long pick (`long_choice`, measured in
-  `long_records` of `long_file`). Returns the choice and the new runs."""
+def next_recipe_choice(runner: "study_runner.Runner",
+                       scale: study_plan.Scale, name: str, prior: dict
+                       ) -> tuple[dict, list[study_plan.Run]]:
+  """A round's choice (study_plan.ROUNDS[name]): stock Keras's new LR
+  first, its pick then sets the recipe's momentum candidates; each side
+  keeps the best of its candidates and its pick in `prior` (a choice's
+  {"chosen", "runs", "file"}, the pick measured in its runs). Returns
+  {"chosen", "runs" (records of the prior picks and the new runs),
+  "prior_runs" (the prior picks')} and the new runs; ValueError when
+  `prior` holds no runs of a pick."""
   plan = study_plan
-  stock_pick, recipe_pick = (long_choice[plan.STOCK_SIDE],
-                             long_choice[plan.RECIPE_SIDE])
-  prior = {plan.STOCK_SIDE: (plan.STOCK_SIDE, stock_pick["candidate"],
-                             {"lr_scale": stock_pick["lr_scale"]}),
-           plan.RECIPE_SIDE: (plan.RECIPE_SIDE, recipe_pick["candidate"],
-                              recipe_pick["settings"])}
-  records = [r for r in long_records if dict(r["point"])["candidate"] in
-             (stock_pick["candidate"], recipe_pick["candidate"])]
-  stock = [prior[plan.STOCK_SIDE]] + plan.revised_stock_candidates(
-      stock_pick["lr_scale"])
-  stock_runs = plan.revised_choice_runs(runner.base, scale, stock[1:])
+  stock_pick, recipe_pick = (prior["chosen"][plan.STOCK_SIDE],
+                             prior["chosen"][plan.RECIPE_SIDE])
+  picks = (stock_pick["candidate"], recipe_pick["candidate"])
+  records = [r for r in prior["runs"] if dict(r["point"])["candidate"] in
+             picks]
+  missing = set(picks) - {dict(r["point"])["candidate"] for r in records}
+  if missing:
+    raise ValueError(f"{name}: {prior['file']} holds no runs of its picks "
+                     f"{sorted(missing)}; rerun its make target.")
+  prior_runs = list(records)
+  stock = [(plan.STOCK_SIDE, stock_pick["candidate"],
+            {"lr_scale": stock_pick["lr_scale"]})
+           ] + plan.next_stock_candidates(stock_pick["lr_scale"])
+  stock_runs = plan.round_choice_runs(runner.base, scale, name, stock[1:])
   records += runner.execute_all(stock_runs)
   stock_scale = plan.recipe_choice(records, stock)[plan.STOCK_SIDE][
       "lr_scale"]
-  recipe = [prior[plan.RECIPE_SIDE]] + plan.revised_recipe_candidates(
-      stock_scale, recipe_pick["settings"])
-  recipe_runs = plan.revised_choice_runs(runner.base, scale, recipe[1:])
+  recipe = [(plan.RECIPE_SIDE, recipe_pick["candidate"],
+             recipe_pick["settings"])] + plan.ROUNDS[name][1](
+                 stock_scale, recipe_pick["settings"])
+  recipe_runs = plan.round_choice_runs(runner.base, scale, name, recipe[1:])
   records += runner.execute_all(recipe_runs)
   chosen = plan.recipe_choice(records, stock + recipe)
-  logging.info("Revised recipe choice on seeds %s (with %s's picks): %s",
-               plan.RECIPE_CHOICE_SEEDS, long_file, chosen)
-  return chosen, stock_runs + recipe_runs
+  logging.info("%s on seeds %s (with %s's picks): %s", name,
+               plan.RECIPE_CHOICE_SEEDS, prior["file"], chosen)
+  return ({"chosen": chosen, "runs": records, "prior_runs": prior_runs},
+          stock_runs + recipe_runs)
 
 
 def fit_budget(names: list[str], runner: "study_runner.Runner",
@@ -493,29 +530,12 @@ def main(argv: list[str]) -> None:
   try:
     lr_scales = (chosen_lr_scales(FLAGS.lr_choice, scale, any_scale=regime)
                  if FLAGS.lr_choice else None)
-    choice = (read_recipe_choice(os.path.join(
-        FLAGS.output_dir, "recipe_choice.json"), scale)
-              if {"recipe", "recipe_long_choice"} & set(names)
-              and "recipe_choice" not in names else None)
-    long_record = (read_choice_record(os.path.join(
-        FLAGS.output_dir, "recipe_long_choice.json"),
-                                      study_plan.long_scale(scale))
-                   if {"recipe_long", "recipe_revised_choice"} & set(names)
-                   and "recipe_long_choice" not in names else None)
-    long_choice = long_record and (long_record["chosen"], os.path.join(
-        FLAGS.output_dir, "recipe_long_choice.json"))
-    revised_choice = (read_recipe_choice(os.path.join(
-        FLAGS.output_dir, "recipe_revised_choice.json"),
-                                         study_plan.long_scale(scale))
-                      if "recipe_revised" in names
-                      and "recipe_revised_choice" not in names else None)
-    needs_choice(names, choice, long_choice, revised_choice)
+    choices = read_choices(names, FLAGS.output_dir, scale)
+    needs_choice(names, choices)
   except ValueError as error:
     raise app.UsageError(str(error)) from error
   written = run_studies(names, scale, runner, lr_scales,
-                        lr_choice_source(FLAGS.lr_choice), choice,
-                        long_choice, long_record and long_record["runs"],
-                        revised_choice)
+                        lr_choice_source(FLAGS.lr_choice), choices)
   runner.discard_checkpoints()
   gc.collect()
   shutil.rmtree(os.path.join(FLAGS.work_dir, "calibration"),

@@ -117,6 +117,25 @@ TEXT = {
                            "plain model.fit with momentum at its revised "
                            "LR pick, at the long check's epochs, batch and "
                            "steps, on fresh seeds.", "path", True),
+    "recipe_crop_choice": Text(
+        "recipe_crop_choice", "The small-image recipe with mild train "
+        "crops at three times the budget, on seeds 0 and 1 (issue 36)",
+        "Stock Keras's momentum one more grid step past its revised pick, "
+        "and the revised recipe with square train crops of at least 0.8 "
+        "and 0.5 of the image (the project's input pipeline; stock "
+        "Keras's plain fit has none) at stock Keras's momentum rule, "
+        "compete with the revised choice's picks; each side keeps its "
+        "highest mean top-1, and the check then runs on fresh seeds.",
+        "candidate", True),
+    "recipe_crop": Text("recipe_crop", "The small-image recipe after the "
+                        "crop round against stock Keras model.fit at three "
+                        "times the budget",
+                        "The recipe's input, network and optimizer choices "
+                        "after the crop round (recipe_crop_choice's pick) "
+                        "train the study's network better than a plain "
+                        "model.fit with momentum at its pick of that round, "
+                        "at the long check's epochs, batch and steps, on "
+                        "fresh seeds.", "path", True),
     "regime": Text("b_regime", "b in the papers' regime: the largest "
                    "batch 2.5 % of the images a step, 30 epochs (Goyal "
                    "2017; Ying 2018 §3; You 2017)",
@@ -254,7 +273,11 @@ def markdown(study: dict) -> str:
               + ("peak " if recipe["learning_rate_scaling"] == "none" else
                  "base LR ") + f"{recipe['base_learning_rate']:g}"
               + ("" if recipe["learning_rate_scaling"] == "none" else
-                 " per 256 images") + "; the flagfile holds the "
+                 " per 256 images")
+              + (f", train crops of at least "
+                 f"{recipe['train_crop_min_area']:g} of the image"
+                 if recipe["train_crop_min_area"] < 1 else "")
+              + "; the flagfile holds the "
               "recipe side's pick: "
               + ("yes" if study.get("recipe_is_choice") else "no") + ".",
               ""]

@@ -269,21 +269,18 @@ class Runner:
       runs += study_plan.recipe_choice_runs(base, scale)
     if "recipe" in names:
       runs += study_plan.recipe_runs(base, scale)
-    # The long grid's cost does not depend on the pick it is centred on.
+    # The long grid's and the rounds' costs do not depend on the picks.
+    recipe = study_plan.recipe_settings()
     if "recipe_long_choice" in names:
-      runs += study_plan.recipe_long_choice_runs(
-          base, scale, 1.0, study_plan.recipe_settings())
-    if "recipe_long" in names:
-      runs += study_plan.recipe_long_runs(
-          base, scale, study_plan.recipe_settings(), 1.0)
-    if "recipe_revised_choice" in names:
-      recipe = study_plan.recipe_settings()
-      runs += study_plan.revised_choice_runs(
-          base, scale, study_plan.revised_stock_candidates(1.0)
-          + study_plan.revised_recipe_candidates(1.0, recipe))
-    if "recipe_revised" in names:
-      runs += study_plan.recipe_revised_runs(
-          base, scale, study_plan.recipe_settings(), 1.0)
+      runs += study_plan.recipe_long_choice_runs(base, scale, 1.0, recipe)
+    for name, (_, candidates) in study_plan.ROUNDS.items():
+      if name in names:
+        runs += study_plan.round_choice_runs(
+            base, scale, name, study_plan.next_stock_candidates(1.0)
+            + candidates(1.0, recipe))
+    for name in study_plan.CHECK_SEEDS:
+      if name in names:
+        runs += study_plan.long_check_runs(base, scale, name, recipe, 1.0)
     if "regime" in names:
       runs += study_plan.regime_runs(base, scale)
     unique = {self._key(r): r for r in runs}

@@ -261,17 +261,28 @@ def test_a_recipe_choice_made_at_another_scale_is_refused(tmp_path):
   from lab import study
   scale = study_plan.DEFAULT.shrunk().shrunk()
   path = tmp_path / "recipe_choice.json"
-  assert study.read_recipe_choice(str(path), scale) is None
+  assert study.read_choices(["recipe"], str(tmp_path), scale) == {}
   path.write_text(json.dumps({"scale": dataclasses.asdict(scale),
-                              "chosen": {"stock Keras": {"lr_scale": 4.0}}}))
-  assert study.read_recipe_choice(str(path), scale) == (
-      {"stock Keras": {"lr_scale": 4.0}}, str(path))
+                              "chosen": {"stock Keras": {"lr_scale": 4.0}},
+                              "runs": []}))
+  assert study.read_choices(["recipe"], str(tmp_path), scale) == {
+      "recipe_choice": {"chosen": {"stock Keras": {"lr_scale": 4.0}},
+                        "runs": [], "file": str(path)}}
   with pytest.raises(ValueError, match=r"chosen at 2560 training images "
                      r"and train_epochs 0, this run has 5120 and 0"):
-    study.read_recipe_choice(str(path), study_plan.DEFAULT.shrunk())
-  # The long choice, at three times the epochs, is not the check's.
+    study.read_choices(["recipe"], str(tmp_path),
+                       study_plan.DEFAULT.shrunk())
+  # A round's file adds the runs of the picks it kept from its prior.
+  long = json.loads(path.read_text())
+  long["scale"] = dataclasses.asdict(study_plan.long_scale(scale))
+  (tmp_path / "recipe_revised_choice.json").write_text(json.dumps(
+      dict(long, runs=[{"seed": 0}], prior_runs=[{"seed": 1}])))
+  assert study.read_choices(["recipe_crop_choice"], str(tmp_path), scale)[
+      "recipe_revised_choice"]["runs"] == [{"seed": 0}, {"seed": 1}]
+  # The long choice is read at three times the epochs: this one is not.
+  (tmp_path / "recipe_long_choice.json").write_text(path.read_text())
   with pytest.raises(ValueError, match=r"this run has 2560 and 30"):
-    study.read_recipe_choice(str(path), study_plan.long_scale(scale))
+    study.read_choices(["recipe_long"], str(tmp_path), scale)
 
 
 def test_the_long_choice_centres_each_side_s_lr_on_recipe_choice_s_pick(
@@ -311,9 +322,9 @@ def test_the_long_check_trains_the_long_picks_on_fresh_seeds(tmp_path):
   steps, on seeds no other recipe study used."""
   recipe = dict(study_plan.recipe_settings(), base_learning_rate=2.5)
   scale = study_plan.DEFAULT.shrunk().shrunk()
-  runs = study_plan.recipe_long_runs(
+  runs = study_plan.long_check_runs(
       _runner(tmp_path).base.replace(num_train_images=scale.num_train),
-      scale, recipe, 8.0)
+      scale, "recipe_long", recipe, 8.0)
   assert [(r.path, r.seed) for r in runs] == [
       (path, seed) for seed in (9, 10, 11)
       for path in ("stock_keras", "project")]
@@ -332,11 +343,12 @@ def test_the_long_check_trains_the_long_picks_on_fresh_seeds(tmp_path):
 def test_the_long_studies_refuse_to_start_without_their_choice():
   from lab import study
   with pytest.raises(ValueError, match="recipe_choice.json's picks"):
-    study.needs_choice(["recipe_long_choice"], None, None)
+    study.needs_choice(["recipe_long_choice"], {})
   with pytest.raises(ValueError, match="recipe_long_choice.json's picks"):
-    study.needs_choice(["recipe_long"], None, None)
-  study.needs_choice(["recipe_long_choice", "recipe_long"], ({}, "f"), None)
-  study.needs_choice(["recipe_choice", "recipe_long_choice"], None, None)
+    study.needs_choice(["recipe_long"], {})
+  study.needs_choice(["recipe_long_choice", "recipe_long"],
+                     {"recipe_choice": {}})
+  study.needs_choice(["recipe_choice", "recipe_long_choice"], {})
 
 
 def test_the_revised_choice_adds_one_stock_lr_and_three_recipes(tmp_path):
@@ -345,7 +357,7 @@ def test_the_revised_choice_adds_one_stock_lr_and_three_recipes(tmp_path):
   momentum rule with the flagfile's input, init and network, flip off and
   on; every run at the long budget on RECIPE_CHOICE_SEEDS."""
   recipe = study_plan.recipe_settings()
-  stock = study_plan.revised_stock_candidates(8.0)
+  stock = study_plan.next_stock_candidates(8.0)
   assert stock == [("stock Keras", "momentum x16", {"lr_scale": 16.0})]
   candidates = study_plan.revised_recipe_candidates(8.0, recipe)
   assert [(s, n) for s, n, _ in candidates] == [
@@ -362,7 +374,8 @@ def test_the_revised_choice_adds_one_stock_lr_and_three_recipes(tmp_path):
         "random_flip"}, name
   scale = study_plan.DEFAULT.shrunk().shrunk()
   base = _runner(tmp_path).base.replace(num_train_images=scale.num_train)
-  runs = study_plan.revised_choice_runs(base, scale, stock + candidates)
+  runs = study_plan.round_choice_runs(base, scale, "recipe_revised_choice",
+                                     stock + candidates)
   assert {r.seed for r in runs} == set(study_plan.RECIPE_CHOICE_SEEDS)
   assert {r.cfg.run.total_train_steps for r in runs} == {9600}
   momentum = [r for r in runs if r.path == "project"
@@ -420,11 +433,14 @@ def test_the_revised_choice_weighs_new_candidates_against_the_long_picks(
   scale = study_plan.DEFAULT.shrunk().shrunk()
   runner = _Runner(_runner(tmp_path).base.replace(
       num_train_images=scale.num_train), top1)
-  revised, runs = study.revised_recipe_choice(runner, scale, chosen,
-                                              records, "long.json")
+  revised, runs = study.next_recipe_choice(
+      runner, scale, "recipe_revised_choice",
+      {"chosen": chosen, "runs": records, "file": "long.json"})
   assert runs == runner.ran and len(runs) == 8
-  assert revised["stock Keras"]["lr_scale"] == stock_pick
-  assert revised["recipe"]["candidate"] == recipe_pick
+  assert revised["chosen"]["stock Keras"]["lr_scale"] == stock_pick
+  assert revised["chosen"]["recipe"]["candidate"] == recipe_pick
+  # The picks' runs compete, the grid's others do not.
+  assert len(revised["runs"]) == 2 + len(runs)
   # The recipe's momentum trains at stock Keras's revised pick.
   assert [r.cfg.optim.base_learning_rate for r in runs
           if r.path == "project" and r.cfg.optim.optimizer == "momentum"] \
@@ -448,13 +464,18 @@ def test_the_revised_studies_read_the_committed_long_choice(tmp_path):
       num_train_images=scale.num_train), top1)
   written = study.run_studies(
       ["recipe_revised_choice", "recipe_revised"], scale, runner,
-      recipe_long_choice=(record["chosen"], path),
-      long_records=record["runs"])
+      choices={"recipe_long_choice": {"chosen": record["chosen"],
+                                      "runs": record["runs"], "file": path}})
   assert written[1] == "recipe_revised_choice.json"
   runs, _, extra, at = runner.studies["recipe_revised_choice"]
   assert at == study_plan.long_scale(scale) and len(runs) == 8
   assert extra["prior"]["file"] == path
   assert extra["prior"]["stock Keras"]["candidate"] == "momentum x8"
+  # The long picks' runs go into the file: the next round may keep them.
+  assert sorted((dict(r["point"])["candidate"], r["seed"])
+                for r in extra["prior_runs"]) == [
+      ("LARS 5, no flip", 0), ("LARS 5, no flip", 1),
+      ("momentum x8", 0), ("momentum x8", 1)]
   picks = extra["chosen"]
   assert picks["stock Keras"]["candidate"] == "momentum x8"
   assert picks["recipe"]["candidate"] == "project, momentum x8, no flip"
@@ -470,9 +491,9 @@ def test_the_revised_check_trains_its_picks_on_fresh_seeds(tmp_path):
   recipe = study_plan.revised_recipe_candidates(
       8.0, study_plan.recipe_settings())[1][2]
   scale = study_plan.DEFAULT.shrunk().shrunk()
-  runs = study_plan.recipe_revised_runs(
+  runs = study_plan.long_check_runs(
       _runner(tmp_path).base.replace(num_train_images=scale.num_train),
-      scale, recipe, 16.0)
+      scale, "recipe_revised", recipe, 16.0)
   assert [(r.path, r.seed) for r in runs] == [
       (path, seed) for seed in (12, 13, 14)
       for path in ("stock_keras", "project")]
@@ -493,13 +514,98 @@ def test_the_revised_studies_refuse_to_start_without_their_choice():
   from lab import study
   with pytest.raises(ValueError, match="recipe_long_choice.json's picks "
                      "and runs"):
-    study.needs_choice(["recipe_revised_choice"], None, None)
+    study.needs_choice(["recipe_revised_choice"], {})
   with pytest.raises(ValueError, match="recipe_revised_choice.json's"):
-    study.needs_choice(["recipe_revised"], None, None, None)
-  study.needs_choice(["recipe_revised_choice", "recipe_revised"], None,
-                     ({}, "f"))
+    study.needs_choice(["recipe_revised"], {})
+  study.needs_choice(["recipe_revised_choice", "recipe_revised"],
+                     {"recipe_long_choice": {}})
   study.needs_choice(["recipe_long_choice", "recipe_revised_choice"],
-                     ({}, "f"), None)
+                     {"recipe_choice": {}})
+
+
+def test_the_crop_round_adds_one_stock_lr_and_two_mild_crops(tmp_path):
+  """recipe_crop_choice: stock Keras one grid step past its revised pick;
+  the revised pick with square train crops of at least 0.8 and 0.5 of
+  the image at stock Keras's momentum rule, nothing else changed."""
+  revised = study_plan.revised_recipe_candidates(
+      16.0, study_plan.recipe_settings())[1][2]
+  assert study_plan.next_stock_candidates(16.0) == [
+      ("stock Keras", "momentum x32", {"lr_scale": 32.0})]
+  candidates = study_plan.crop_recipe_candidates(32.0, revised)
+  assert [(s, n) for s, n, _ in candidates] == [
+      ("recipe", "project, momentum x32, no flip, crop 0.8"),
+      ("recipe", "project, momentum x32, no flip, crop 0.5")]
+  for (_, _, what), area in zip(candidates, (0.8, 0.5)):
+    assert {k: (revised[k], what[k]) for k in revised
+            if revised[k] != what[k]} == {
+                "base_learning_rate": (1.6, 3.2),
+                "train_crop_min_area": (1.0, area)}
+  assert study_plan.ROUNDS["recipe_crop_choice"] == (
+      "recipe_revised_choice", study_plan.crop_recipe_candidates)
+  scale = study_plan.DEFAULT.shrunk().shrunk()
+  base = _runner(tmp_path).base.replace(num_train_images=scale.num_train)
+  runs = study_plan.round_choice_runs(base, scale, "recipe_crop_choice",
+                                      candidates)
+  assert {r.seed for r in runs} == set(study_plan.RECIPE_CHOICE_SEEDS)
+  assert {r.cfg.run.total_train_steps for r in runs} == {9600}
+  assert sorted(r.cfg.flat()["train_crop_min_area"] for r in runs) == [
+      0.5, 0.5, 0.8, 0.8]
+  assert {r.cfg.flat()["eval_crop_fraction"] for r in runs} == {1.0}
+
+
+def test_the_crop_studies_read_the_committed_revised_choice(tmp_path):
+  """make study-recipe-crop's wiring, nothing trained: the committed
+  recipe_revised_choice.json's picks and their runs compete with the new
+  candidates; the check trains the round's picks on fresh seeds."""
+  import os
+  from lab import study
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = os.path.join(root, "bench_results/studies")
+  scale = study_plan.DEFAULT.shrunk().shrunk()
+  choices = study.read_choices(["recipe_crop_choice", "recipe_crop"], out,
+                               scale)
+  assert list(choices) == ["recipe_revised_choice"]
+  # x32 loses to the revised x16 (0.8786); crop 0.8 beats its 0.87715.
+  top1 = {"momentum x32": 0.87, "project, momentum x16, no flip, crop 0.8":
+          0.88, "project, momentum x16, no flip, crop 0.5": 0.87}
+  runner = _Runner(_runner(tmp_path).base.replace(
+      num_train_images=scale.num_train), top1)
+  study.run_studies(["recipe_crop_choice", "recipe_crop"], scale, runner,
+                    choices=choices)
+  runs, _, extra, _ = runner.studies["recipe_crop_choice"]
+  assert len(runs) == 6
+  assert extra["prior"]["file"].endswith("recipe_revised_choice.json")
+  assert extra["prior"]["recipe"]["candidate"] == (
+      "project, momentum x16, no flip")
+  picks = extra["chosen"]
+  assert picks["stock Keras"]["candidate"] == "momentum x16"
+  assert picks["recipe"]["candidate"] == (
+      "project, momentum x16, no flip, crop 0.8")
+  runs, _, extra, _ = runner.studies["recipe_crop"]
+  assert extra["choice"]["file"] == "recipe_crop_choice.json"
+  assert extra["stock_lr_scale"] == 16.0
+  assert extra["recipe"]["train_crop_min_area"] == 0.8
+  assert [(r.path, r.seed) for r in runs] == [
+      (path, seed) for seed in (15, 16, 17)
+      for path in ("stock_keras", "project")]
+  assert not set(study_plan.RECIPE_CROP_SEEDS) & set(
+      study_plan.RECIPE_REVISED_SEEDS + study_plan.RECIPE_LONG_SEEDS
+      + study_plan.RECIPE_SEEDS + study_plan.RECIPE_CHOICE_SEEDS
+      + (2, 3, 4, 5))
+  # A prior whose file lacks a pick's runs stops before the round trains.
+  choices["recipe_revised_choice"]["runs"] = [
+      r for r in choices["recipe_revised_choice"]["runs"]
+      if dict(r["point"])["candidate"] != "momentum x16"]
+  runner.ran = []
+  with pytest.raises(ValueError, match=r"holds no runs of its picks "
+                     r"\['momentum x16'\]"):
+    study.next_recipe_choice(runner, scale, "recipe_crop_choice",
+                             choices["recipe_revised_choice"])
+  assert not runner.ran
+  with pytest.raises(ValueError, match="recipe_crop_choice.json's picks"):
+    study.needs_choice(["recipe_crop"], {})
+  with pytest.raises(ValueError, match="make study-recipe-revised"):
+    study.needs_choice(["recipe_crop_choice"], {})
 
 
 def test_the_flagfile_ships_the_committed_recipe_choice():

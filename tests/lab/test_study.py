@@ -547,19 +547,24 @@ def test_the_recipe_check_trains_stock_keras_at_the_choice_s_rule(smoke):
         "peak LR, the pick of " in f.read()
 
 
+def smoke_again(folder, studies: str):
+  """`studies` as a command of their own in the smoke's `folder` (as
+  their make target): they read the choices the smoke wrote there."""
+  result = subprocess.run(
+      [sys.executable, "-m", "lab.study", "--smoke", f"--studies={studies}",
+       f"--fashion_mnist_dir={folder / 'idx'}",
+       f"--cache_dir={folder / 'cache'}", f"--work_dir={folder / 'work'}",
+       f"--output_dir={folder / 'out'}"],
+      cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return folder
+
+
 @pytest.fixture(scope="module")
 def smoke_long(smoke):
   """The long recipe studies, a command of their own (as make
   study-recipe-long): they read the smoke's recipe_choice.json."""
-  result = subprocess.run(
-      [sys.executable, "-m", "lab.study", "--smoke",
-       "--studies=recipe_long_choice,recipe_long",
-       f"--fashion_mnist_dir={smoke / 'idx'}",
-       f"--cache_dir={smoke / 'cache'}", f"--work_dir={smoke / 'work'}",
-       f"--output_dir={smoke / 'out'}"],
-      cwd=ROOT, capture_output=True, text=True, timeout=600)
-  assert result.returncode == 0, result.stderr[-3000:]
-  return smoke
+  return smoke_again(smoke, "recipe_long_choice,recipe_long")
 
 
 def test_the_long_check_trains_the_long_choice_s_picks_at_3x_the_steps(
@@ -607,16 +612,7 @@ def test_the_long_check_trains_the_long_choice_s_picks_at_3x_the_steps(
 def smoke_revised(smoke_long):
   """The revised recipe studies, as make study-recipe-revised: they read
   the smoke's recipe_long_choice.json."""
-  result = subprocess.run(
-      [sys.executable, "-m", "lab.study", "--smoke",
-       "--studies=recipe_revised_choice,recipe_revised",
-       f"--fashion_mnist_dir={smoke_long / 'idx'}",
-       f"--cache_dir={smoke_long / 'cache'}",
-       f"--work_dir={smoke_long / 'work'}",
-       f"--output_dir={smoke_long / 'out'}"],
-      cwd=ROOT, capture_output=True, text=True, timeout=600)
-  assert result.returncode == 0, result.stderr[-3000:]
-  return smoke_long
+  return smoke_again(smoke_long, "recipe_revised_choice,recipe_revised")
 
 
 def test_the_revised_check_trains_the_revised_picks(smoke_revised):
@@ -647,3 +643,54 @@ def test_the_revised_check_trains_the_revised_picks(smoke_revised):
           picks["recipe"]["settings"]
   with open(out / "recipe_revised_choice.md") as f:
     assert "Also candidates, measured in " in f.read()
+
+
+@pytest.fixture(scope="module")
+def smoke_crop(smoke_revised):
+  """The crop round, as make study-recipe-crop: it reads the smoke's
+  recipe_revised_choice.json."""
+  return smoke_again(smoke_revised, "recipe_crop_choice,recipe_crop")
+
+
+def test_the_crop_round_trains_mild_crops_against_the_revised_picks(
+    smoke_crop):
+  """recipe_crop_choice weighs stock Keras's next LR and the revised pick
+  with mild crops against the revised picks (read from the file);
+  recipe_crop trains the round's picks on RECIPE_CROP_SEEDS."""
+  from lab import study_plan
+  out = smoke_crop / "out"
+  revised, crop, check = (
+      json.loads((out / f"{name}.json").read_text()) for name in (
+          "recipe_revised_choice", "recipe_crop_choice", "recipe_crop"))
+  stock = revised["chosen"]["stock Keras"]
+  assert crop["prior"]["file"].endswith("recipe_revised_choice.json")
+  assert crop["prior"]["recipe"]["candidate"] == \
+      revised["chosen"]["recipe"]["candidate"]
+  assert [r["settings"]["base_learning_rate"] for r in crop["runs"]
+          if r["path"] == "stock_keras"] == pytest.approx(
+              [0.2 * stock["lr_scale"]] * 2)
+  assert sorted(r["settings"]["train_crop_min_area"] for r in crop["runs"]
+                if r["path"] != "stock_keras") == [0.5, 0.5, 0.8, 0.8]
+  assert {r["seed"] for r in check["runs"]} == set(
+      study_plan.RECIPE_CROP_SEEDS)
+  picks = crop["chosen"]
+  assert check["stock_lr_scale"] == picks["stock Keras"]["lr_scale"]
+  for run in check["runs"]:
+    if run["path"] != "stock_keras":
+      assert {k: run["settings"][k] for k in check["recipe"]} == \
+          picks["recipe"]["settings"]
+  with open(out / "recipe_crop_choice.md") as f:
+    assert "Also candidates, measured in " in f.read()
+
+
+def test_a_check_s_report_names_the_recipe_s_train_crop():
+  """A recipe check whose recipe crops says so beside its LR (the crop
+  round); the committed whole-image checks do not."""
+  from lab import study_report
+  with open(os.path.join(ROOT, "bench_results", "studies",
+                         "recipe_revised.json")) as f:
+    study = json.load(f)
+  assert "train crops" not in study_report.markdown(study)
+  study["recipe"]["train_crop_min_area"] = 0.8
+  assert ("base LR 1.6 per 256 images, train crops of at least 0.8 of the "
+          "image; the flagfile holds") in study_report.markdown(study)
