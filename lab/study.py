@@ -345,13 +345,12 @@ def recipe_check(runner: "study_runner.Runner", scale: study_plan.Scale,
 def long_recipe_choice(runner: "study_runner.Runner",
                        scale: study_plan.Scale, choice: dict
                        ) -> tuple[dict, list[study_plan.Run]]:
-  """recipe_long_choice: stock Keras's grid centred on `choice`'s pick
-  (recipe_choice), the recipe's on the flagfile under test (a test keeps
-  it recipe_choice's pick). Returns {"chosen", "runs" (records),
-  "centre"} and the runs."""
+  """recipe_long_choice: each side's grid centred on its pick in `choice`
+  (recipe_choice's). Returns {"chosen", "runs" (records), "centre"} and
+  the runs."""
   plan = study_plan
   stock, recipe = (choice["chosen"][plan.STOCK_SIDE]["lr_scale"],
-                   plan.recipe_settings())
+                   choice["chosen"][plan.RECIPE_SIDE]["settings"])
   candidates = plan.recipe_long_candidates(stock, recipe)
   runs = plan.recipe_long_choice_runs(runner.base, scale, stock, recipe)
   records = runner.execute_all(runs)

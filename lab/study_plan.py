@@ -523,6 +523,20 @@ def recipe_settings(flagfile: str = RECIPE_FLAGFILE) -> dict:
   return {key: flat[key] for key in RECIPE_KEYS}
 
 
+# flags/small_images.cfg's RECIPE_KEYS from commit 84878f3 until the crop
+# round: recipe_choice's pick, LARS 5 with the flip off. The LARS grids
+# (recipe_choice, recipe_long_choice) are built on it, so that their
+# commands train what they trained after the flagfile moved on.
+LARS_RECIPE = {
+    "train_crop_min_area": 1.0, "train_crop_max_aspect": 1.0,
+    "eval_crop_fraction": 1.0, "random_flip": False, "conv_init": "fan_in",
+    "zero_init_gamma": False, "input_normalization": "imagenet",
+    "bn_momentum": 0.9, "bn_epsilon": 1e-05, "optimizer": "lars",
+    "learning_rate_scaling": "none", "base_learning_rate": 5.0,
+    "lr_schedule": "polynomial", "lr_decay_power": 2.0,
+    "end_learning_rate": 0.0001}
+
+
 # The recipe's choice (issue 36), declared before it ran. The second check
 # tied (+0.3 points, spread 0.9) with LARS's rule chosen by lr on cropped
 # images with zero-init gamma. Each side now takes the highest mean top-1
@@ -535,7 +549,6 @@ def recipe_settings(flagfile: str = RECIPE_FLAGFILE) -> dict:
 # off at lr's scale. Of equal means, lr's rule is kept.
 RECIPE_CHOICE_SEEDS = (0, 1)
 RECIPE_CHOICE_FACTORS = (0.5, 1.0, 2.0)  # times lr's scale
-RECIPE_CHOICE_FILE = "bench_results/studies/recipe_choice.json"
 STOCK_SIDE, RECIPE_SIDE = "stock Keras", "recipe"
 
 
@@ -549,9 +562,9 @@ def recipe_candidates(lr_scales: dict[str, float] | None,
                       ) -> list[tuple[str, str, dict]]:
   """The choice's grid: (side, name, what differs from the side's run),
   lr's rule first on each side. Stock Keras's entries hold lr_scale; the
-  recipe's hold RECIPE_KEYS: the file's, with the LARS peak, zero-init
-  gamma and the flip set."""
-  recipe = recipe_settings() if recipe is None else recipe
+  recipe's hold RECIPE_KEYS: `recipe`'s (LARS_RECIPE), with the LARS
+  peak, zero-init gamma and the flip set."""
+  recipe = LARS_RECIPE if recipe is None else recipe
   stock, lars = lr_scale(lr_scales, "momentum"), lr_scale(lr_scales, "lars")
   factors = sorted(RECIPE_CHOICE_FACTORS, key=lambda f: f != 1.0)
   found = [(STOCK_SIDE, f"momentum x{stock * f:g}", {"lr_scale": stock * f})

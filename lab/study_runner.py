@@ -270,7 +270,7 @@ class Runner:
     if "recipe" in names:
       runs += study_plan.recipe_runs(base, scale)
     # The long grid's and the rounds' costs do not depend on the picks.
-    recipe = study_plan.recipe_settings()
+    recipe = study_plan.LARS_RECIPE
     if "recipe_long_choice" in names:
       runs += study_plan.recipe_long_choice_runs(base, scale, 1.0, recipe)
     for name, (_, candidates) in study_plan.ROUNDS.items():

@@ -189,7 +189,7 @@ def test_each_side_of_the_recipe_choice_has_a_grid_of_one_size(tmp_path):
   with zero-init gamma and once without the flip; every recipe candidate
   differs from the flagfile only in those keys, every run only in
   RECIPE_KEYS from stock Keras's at lr's rule."""
-  recipe = study_plan.recipe_settings()
+  recipe = study_plan.LARS_RECIPE
   candidates = study_plan.recipe_candidates(LR_CHOICE, recipe)
   stock = [w["lr_scale"] for s, _, w in candidates
            if s == study_plan.STOCK_SIDE]
@@ -226,7 +226,7 @@ def _choice_record(candidate, top1, seed):
 
 
 def test_the_recipe_choice_keeps_each_side_s_best_and_a_tie_lr_s_rule():
-  recipe = study_plan.recipe_settings()
+  recipe = study_plan.LARS_RECIPE
   top1 = {"momentum x1": 0.80, "momentum x2": 0.84, "momentum x4": 0.84,
           "LARS 2.5": 0.83, "LARS 5": 0.84, "LARS 10": 0.82,
           "LARS 5, zero gamma": 0.85, "LARS 2.5, zero gamma": 0.86,
@@ -291,7 +291,7 @@ def test_the_long_choice_centres_each_side_s_lr_on_recipe_choice_s_pick(
   and the flagfile's LARS peak x0.5, x1, x2 (its other RECIPE_KEYS
   kept), the pick first; every run at three times the recipe check's
   steps and warm-up, on RECIPE_CHOICE_SEEDS."""
-  recipe = study_plan.recipe_settings()
+  recipe = study_plan.LARS_RECIPE
   candidates = study_plan.recipe_long_candidates(4.0, recipe)
   assert [(s, n) for s, n, _ in candidates] == [
       ("stock Keras", "momentum x4"), ("stock Keras", "momentum x2"),
@@ -320,7 +320,7 @@ def test_the_long_choice_centres_each_side_s_lr_on_recipe_choice_s_pick(
 def test_the_long_check_trains_the_long_picks_on_fresh_seeds(tmp_path):
   """recipe_long: each side at the long choice's pick, three times the
   steps, on seeds no other recipe study used."""
-  recipe = dict(study_plan.recipe_settings(), base_learning_rate=2.5)
+  recipe = dict(study_plan.LARS_RECIPE, base_learning_rate=2.5)
   scale = study_plan.DEFAULT.shrunk().shrunk()
   runs = study_plan.long_check_runs(
       _runner(tmp_path).base.replace(num_train_images=scale.num_train),
@@ -356,7 +356,7 @@ def test_the_revised_choice_adds_one_stock_lr_and_three_recipes(tmp_path):
   the recipe's LARS with only the flip changed, and stock Keras's own
   momentum rule with the flagfile's input, init and network, flip off and
   on; every run at the long budget on RECIPE_CHOICE_SEEDS."""
-  recipe = study_plan.recipe_settings()
+  recipe = study_plan.LARS_RECIPE
   stock = study_plan.next_stock_candidates(8.0)
   assert stock == [("stock Keras", "momentum x16", {"lr_scale": 16.0})]
   candidates = study_plan.revised_recipe_candidates(8.0, recipe)
@@ -425,7 +425,7 @@ def _long_choice(recipe):
 def test_the_revised_choice_weighs_new_candidates_against_the_long_picks(
     tmp_path, stock_top, recipe_top, stock_pick, recipe_pick):
   from lab import study
-  recipe = study_plan.recipe_settings()
+  recipe = study_plan.LARS_RECIPE
   chosen, records = _long_choice(recipe)
   top1 = {"momentum x16": stock_top, "LARS 5": 0.5,
           **{f"project, momentum x{x}{flip}": recipe_top - 0.01 * bool(flip)
@@ -489,7 +489,7 @@ def test_the_revised_studies_read_the_committed_long_choice(tmp_path):
 
 def test_the_revised_check_trains_its_picks_on_fresh_seeds(tmp_path):
   recipe = study_plan.revised_recipe_candidates(
-      8.0, study_plan.recipe_settings())[1][2]
+      8.0, study_plan.LARS_RECIPE)[1][2]
   scale = study_plan.DEFAULT.shrunk().shrunk()
   runs = study_plan.long_check_runs(
       _runner(tmp_path).base.replace(num_train_images=scale.num_train),
@@ -528,7 +528,7 @@ def test_the_crop_round_adds_one_stock_lr_and_two_mild_crops(tmp_path):
   the revised pick with square train crops of at least 0.8 and 0.5 of
   the image at stock Keras's momentum rule, nothing else changed."""
   revised = study_plan.revised_recipe_candidates(
-      16.0, study_plan.recipe_settings())[1][2]
+      16.0, study_plan.LARS_RECIPE)[1][2]
   assert study_plan.next_stock_candidates(16.0) == [
       ("stock Keras", "momentum x32", {"lr_scale": 32.0})]
   candidates = study_plan.crop_recipe_candidates(32.0, revised)
@@ -608,15 +608,24 @@ def test_the_crop_studies_read_the_committed_revised_choice(tmp_path):
     study.needs_choice(["recipe_crop_choice"], {})
 
 
-def test_the_flagfile_ships_the_committed_recipe_choice():
+def test_the_flagfile_ships_the_pick_whose_check_held():
   """flags/small_images.cfg holds, in every RECIPE_KEYS setting, the
-  recipe side's pick of the committed recipe_choice.json."""
+  recipe pick of the committed recipe_crop_choice.json, whose check
+  (recipe_crop.json) held and trained it; LARS_RECIPE, the flagfile
+  before, is recipe_choice.json's pick."""
   import json
   import os
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  with open(os.path.join(root, study_plan.RECIPE_CHOICE_FILE)) as f:
-    chosen = json.load(f)["chosen"][study_plan.RECIPE_SIDE]["settings"]
-  assert study_plan.recipe_settings() == chosen
+
+  def read(name):
+    with open(os.path.join(root, "bench_results/studies", name)) as f:
+      return json.load(f)
+  crop, check = read("recipe_crop_choice.json"), read("recipe_crop.json")
+  shipped = crop["chosen"][study_plan.RECIPE_SIDE]["settings"]
+  assert study_plan.recipe_settings() == shipped == check["recipe"]
+  assert [v["verdict"] for v in check["verdicts"]] == ["held"]
+  assert read("recipe_choice.json")["chosen"][study_plan.RECIPE_SIDE][
+      "settings"] == study_plan.LARS_RECIPE
 
 
 def test_every_study_has_its_title_and_claim():
