@@ -289,11 +289,11 @@ def run_studies(names: list[str], scale: study_plan.Scale,
     written += recipe_check(runner, scale, lr_scales,
                             choices.get("recipe_choice"))
   if "recipe_long_choice" in names:
-    choices["recipe_long_choice"], runs = long_recipe_choice(
+    choices["recipe_long_choice"], runs, centre = long_recipe_choice(
         runner, scale, choices["recipe_choice"])
     written += runner.study(
         "recipe_long_choice", runs, [], scale=plan.long_scale(scale),
-        extra={"centre": choices["recipe_long_choice"].pop("centre"),
+        extra={"centre": centre,
                "chosen": choices["recipe_long_choice"]["chosen"]})
     choices["recipe_long_choice"]["file"] = written[-2]
   if "recipe_long" in names:
@@ -344,10 +344,10 @@ def recipe_check(runner: "study_runner.Runner", scale: study_plan.Scale,
 
 def long_recipe_choice(runner: "study_runner.Runner",
                        scale: study_plan.Scale, choice: dict
-                       ) -> tuple[dict, list[study_plan.Run]]:
+                       ) -> tuple[dict, list[study_plan.Run], dict]:
   """recipe_long_choice: each side's grid centred on its pick in `choice`
-  (recipe_choice's). Returns {"chosen", "runs" (records), "centre"} and
-  the runs."""
+  (recipe_choice's). Returns {"chosen", "runs" (records)}, the runs and
+  the centre (`choice`'s file and each side's candidate)."""
   plan = study_plan
   stock, recipe = (choice["chosen"][plan.STOCK_SIDE]["lr_scale"],
                    choice["chosen"][plan.RECIPE_SIDE]["settings"])
@@ -359,8 +359,8 @@ def long_recipe_choice(runner: "study_runner.Runner",
                plan.RECIPE_CHOICE_SEEDS, chosen)
   centre = {side: next(name for s, name, _ in candidates if s == side)
             for side in (plan.STOCK_SIDE, plan.RECIPE_SIDE)}
-  return {"chosen": chosen, "runs": records,
-          "centre": {"file": choice["file"], **centre}}, runs
+  return ({"chosen": chosen, "runs": records}, runs,
+          {"file": choice["file"], **centre})
 
 
 def picked_check(runner: "study_runner.Runner", name: str,

@@ -659,7 +659,7 @@ def recipe_runs(base: TrainConfig, scale: Scale,
 # Each side first takes, on RECIPE_CHOICE_SEEDS at that budget, the
 # highest mean top-1 of its peak LR at recipe_choice's pick times
 # RECIPE_CHOICE_FACTORS (stock Keras's momentum x2, x4, x8; the
-# flagfile's LARS peak 2.5, 5, 10 with its other choices kept; a tie
+# recipe's LARS peak 2.5, 5, 10 with its other choices kept; a tie
 # keeps the pick), then the check runs on RECIPE_LONG_SEEDS, three a side,
 # under recipe's criterion.
 RECIPE_LONG_FACTOR = 3
@@ -697,9 +697,10 @@ def recipe_long_choice_runs(base: TrainConfig, scale: Scale,
 
 
 # The revised recipe (issue 36), declared before it runs. At 30 epochs the
-# flagfile's LARS recipe trailed stock Keras by 1.1 points: its training
-# loss sat at label smoothing's floor (it had learnt the 2,560 images) and
-# it had turned off the random flip that stock Keras keeps. Stock Keras's
+# flagfile's LARS recipe (then LARS_RECIPE) trailed stock Keras by 1.1
+# points: its training loss sat at label smoothing's floor (it had learnt
+# the 2,560 images) and it had turned off the random flip that stock Keras
+# keeps. Stock Keras's
 # LR pick sat at the top of its grid twice. So, at long_scale and on
 # RECIPE_CHOICE_SEEDS, stock Keras's grid grows by one step past its long
 # pick (x16 beside x2, x4, x8), and the recipe gains three candidates
@@ -735,8 +736,8 @@ def _project_momentum(recipe: dict, stock_lr_scale: float, name: str,
 
 def revised_recipe_candidates(stock_lr_scale: float, recipe: dict
                               ) -> list[tuple[str, str, dict]]:
-  """The recipe's new candidates, each `recipe` (RECIPE_KEYS, the
-  flagfile's) with: the flip on; stock Keras's momentum at
+  """The recipe's new candidates, each `recipe` (RECIPE_KEYS, the long
+  pick's) with: the flip on; stock Keras's momentum at
   `stock_lr_scale` (its rule: linear scaling, cosine) with the flip off,
   then on."""
   lars = (RECIPE_SIDE, _lars_name(recipe["base_learning_rate"],
