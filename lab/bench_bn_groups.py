@@ -28,6 +28,7 @@ import tensorflow as tf  # noqa: E402
 from resnet_tpu.model.distributed_batch_norm import (  # noqa: E402
     DistributedBatchNormalization)
 from resnet_tpu.optim import optimizers  # noqa: E402
+from resnet_tpu.optim import optimizers_tf  # noqa: E402
 from resnet_tpu.runtime import host_memory  # noqa: E402
 from resnet_tpu.inputs import input_pipeline  # noqa: E402
 from resnet_tpu import preflight  # noqa: E402
@@ -55,14 +56,14 @@ def statistics_broadcast_from_replica_0():
                             aggregation="only_first_replica")
 
   saved = (DistributedBatchNormalization._replica_local_weight,
-           optimizers.STEP_COUNTER_NAME)
+           optimizers_tf.STEP_COUNTER_NAME)
   DistributedBatchNormalization._replica_local_weight = on_write
-  optimizers.STEP_COUNTER_NAME = None  # Keras's counter, unchanged
+  optimizers_tf.STEP_COUNTER_NAME = None  # Keras's counter, unchanged
   try:
     yield
   finally:
     (DistributedBatchNormalization._replica_local_weight,
-     optimizers.STEP_COUNTER_NAME) = saved
+     optimizers_tf.STEP_COUNTER_NAME) = saved
 
 
 def step_timer(strategy, group_size: int, depth: int, image_size: int,

@@ -27,7 +27,6 @@ from collections.abc import Sequence
 
 import keras
 from keras import ops
-import tensorflow as tf
 
 from resnet_tpu.runtime import cpu_kernels
 
@@ -45,9 +44,14 @@ def cpu_has_native_bfloat16(flags: frozenset[str] | None = None) -> bool:
 def model_device_types() -> list[str]:
   """Device types (CPU, GPU, TPU) the model being built will run on.
 
-  The workers of the strategy in scope, else the logical devices TensorFlow
-  would place it on (an accelerator when there is one).
+  TensorFlow: the workers of the strategy in scope, else the logical
+  devices it would place the model on (an accelerator when there is one).
+  JAX: the platform of its default devices.
   """
+  if keras.backend.backend() == "jax":
+    import jax  # pylint: disable=g-import-not-at-top (the engine's own)
+    return [jax.devices()[0].platform.upper()]
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   if tf.distribute.has_strategy():
     devices = tf.distribute.get_strategy().extended.worker_devices
     return sorted({tf.DeviceSpec.from_string(d).device_type for d in devices})
@@ -81,7 +85,8 @@ class Conv2D(keras.layers.Conv2D):
     self.float32_kernels = float32_kernels
 
   def convolution_op(self, inputs, kernel):
-    if not self.float32_kernels or inputs.dtype != tf.bfloat16:
+    if (not self.float32_kernels or
+        keras.backend.standardize_dtype(inputs.dtype) != "bfloat16"):
       return super().convolution_op(inputs, kernel)
     # The kernel variable is float32; under autocast it reads as bfloat16,
     # and the explicit round keeps it bfloat16-valued in any case.

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from resnet_tpu.model.distributed_batch_norm import collect_statistics
 from resnet_tpu.model.distributed_batch_norm import DistributedBatchNormalization
-from resnet_tpu.model.distributed_batch_norm import moments_from_sums
+from resnet_tpu.model.batch_statistics import moments_from_sums
 
 
 def bn_layers(model: keras.Model) -> list[DistributedBatchNormalization]:

@@ -181,7 +181,8 @@ def build_resnet(depth: int = 50, num_classes: int = 1000,
                  bn_groups: Sequence[Sequence[int]] | None = None,
                  freeze_bn: bool = False, conv_init: str = "fan_in",
                  zero_init_gamma: bool = True,
-                 normalization: str = "imagenet") -> keras.Model:
+                 normalization: str = "imagenet",
+                 logits_dtype: str = "float32") -> keras.Model:
   """ResNet of `depth` taking raw 0..255 RGB images, returning logits.
 
   layout "v1.5": the network described above. "keras_v1":
@@ -195,6 +196,8 @@ def build_resnet(depth: int = 50, num_classes: int = 1000,
   (resnet_tpu/model/bfloat16_convs.py). bn_all_reduce,
   collective_timeout_s and bn_groups configure the BN groups' all-reduce
   (bn_all_reduce.py). freeze_bn: every BN layer frozen (--freeze_bn).
+  logits_dtype: float32 in every precision of the flags (float64 in the
+  engine tests, tests_jax/engine_cases.py).
   """
   kind, blocks = LAYERS[depth]
   if kind == "bottleneck":
@@ -220,7 +223,7 @@ def build_resnet(depth: int = 50, num_classes: int = 1000,
               f"stage{stage + 1}", bn_args)
   x = keras.layers.GlobalAveragePooling2D(name="avg_pool")(x)
   logits = keras.layers.Dense(
-      num_classes, dtype="float32",
+      num_classes, dtype=logits_dtype,
       kernel_initializer=keras.initializers.RandomNormal(stddev=0.01),
       name="logits")(x)
   version = "v1_5" if layout == "v1.5" else layout

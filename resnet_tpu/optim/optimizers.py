@@ -7,15 +7,23 @@
 Weight decay is an L2 term in the loss for momentum and rmsprop_warmup, but
 part of the update for LARS (see `weight_decay_in_loss`): the trainer must
 add L2 to the loss exactly when that function says so.
+
+The optimizers are Keras optimizers written in keras.ops. How they meet the
+replicas is the engine's (optimizers_tf.py: replica-local step counter and
+gradient all-reduce; optimizers_jax.py: the step's psum sums gradients).
 """
-import contextlib
-from typing import Iterator, Optional, Sequence
+from typing import Optional, Sequence
 
 from absl import logging
 import keras
-import tensorflow as tf
 
-from resnet_tpu.parallel import gradient_all_reduce as gradient_all_reduce_lib
+if keras.backend.backend() == "tensorflow":
+  from resnet_tpu.optim import optimizers_tf as engine
+elif keras.backend.backend() == "jax":
+  from resnet_tpu.optim import optimizers_jax as engine
+else:
+  raise ImportError("resnet_tpu runs on Keras's tensorflow or jax backend "
+                    f"(KERAS_BACKEND), not {keras.backend.backend()!r}.")
 from resnet_tpu.clock import EpochClock
 from resnet_tpu.config import parse_grid
 from resnet_tpu.config import DistributionConfig
@@ -25,36 +33,10 @@ from resnet_tpu.optim.lars import DEFAULT_EXCLUDE, LARS
 from resnet_tpu.optim.rmsprop_warmup import RMSpropWarmup, SgdShareSchedule
 from resnet_tpu.optim.schedules import EpochSchedule
 
-# The name Keras 3 gives an optimizer's step counter (base_optimizer.py).
-STEP_COUNTER_NAME = "iteration"
-
 
 def weight_decay_in_loss(name: str) -> bool:
   """Whether the trainer adds weight decay to the loss as an L2 term."""
   return name != "lars"
-
-
-@contextlib.contextmanager
-def replica_local_step_counter() -> Iterator[None]:
-  """Optimizers built in this context count steps on each replica.
-
-  Keras 3 creates the step counter ON_WRITE with aggregation
-  "only_first_replica", so every apply_gradients increments it through a
-  merge_call that copies replica 0's value to all replicas: one AllToAll per
-  step on TPUs, a copy per device under MirroredStrategy. Every replica adds
-  the same 1 in the same steps, so an ON_READ counter stays equal everywhere
-  with no communication; read across replicas (the step, a checkpoint) it
-  is replica 0's. Name, value and checkpoint key are unchanged.
-  """
-
-  def creator(next_creator, **kwargs):
-    if (kwargs.get("name") == STEP_COUNTER_NAME and kwargs.get("aggregation")
-        == tf.VariableAggregation.ONLY_FIRST_REPLICA):
-      kwargs["synchronization"] = tf.VariableSynchronization.ON_READ
-    return next_creator(**kwargs)
-
-  with tf.variable_creator_scope(creator):
-    yield
 
 
 def _rmsprop_warmup(learning_rate, momentum: float, nesterov: bool,
@@ -109,7 +91,7 @@ def build_optimizer(
     collective_timeout_s: fail an explicit gradient all-reduce that waits
       longer (0 = never).
   """
-  with replica_local_step_counter():
+  with engine.creation_scope():
     if name == "momentum":
       optimizer = keras.optimizers.SGD(learning_rate, momentum=momentum,
                                        nesterov=nesterov)
@@ -124,7 +106,7 @@ def build_optimizer(
           rmsprop_rho, rmsprop_epsilon, rmsprop_warmup_center_epochs,
           rmsprop_warmup_period_epochs, clock)
   logging.info("Optimizer %s: %s", name, optimizer.get_config())
-  return gradient_all_reduce_lib.use_gradient_all_reduce(
+  return engine.sum_gradients_across_replicas(
       optimizer, gradient_all_reduce, all_reduce_grid, collective_timeout_s)
 
 

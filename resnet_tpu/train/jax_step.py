@@ -1,0 +1,180 @@
+"""The training step on JAX: synchronous data parallelism over a device mesh
+(Ying et al. 2018 §3), the same per-replica program as train_step.py's.
+
+Every device is one replica and takes `global_batch / N` images. Under
+`shard_map` each replica runs the Keras model statelessly, computes its loss
+scaled by the GLOBAL batch (plus the L2 term over N, as TensorFlow's
+ReplicaStep) and differentiates it; its BN layers sum their statistics over
+their group with a psum (parallel/bn_all_reduce_jax.py). Then ONE psum over
+all replicas carries, as one variadic all-reduce:
+- every gradient, summed (the optimizer then updates each replica's copy of
+  the weights identically);
+- the replica-local BN moving statistics, averaged: what TensorFlow does once
+  per host loop (moving_statistics.py), here every step at no extra
+  collective (the average is linear, so the result is the same);
+- the step's metric sums.
+The collectives of a step are thus that one all-reduce and two BN group sums
+per BN layer (forward and backward); tests_jax/test_collective_census.py
+counts them in the compiled HLO.
+
+float16 (dynamic loss scaling), --skip_nonfinite_steps and batch-size
+control are TensorFlow's alone so far (issue 49).
+"""
+import dataclasses
+import functools
+from typing import NamedTuple
+
+import jax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec
+import keras
+from keras import ops
+
+from resnet_tpu.parallel.bn_all_reduce_jax import REPLICA_AXES
+
+METRICS = ("loss", "top1", "top5", "examples")
+
+
+class TrainState(NamedTuple):
+  """The values of the model's and optimizer's variables, in their order."""
+  trainable: list
+  non_trainable: list
+  optimizer: list
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+  """The loss of a step: classes, label smoothing, global batch, and the
+  L2 weight decay in the loss (0 for LARS, which decays in its update)."""
+  num_classes: int
+  global_batch_size: int
+  label_smoothing: float = 0.0
+  weight_decay: float = 0.0
+
+
+def decayed_indices(model: keras.Model) -> list[int]:
+  """Positions of conv and dense kernels (the variables under L2) among the
+  model's trainable variables."""
+  return [i for i, v in enumerate(model.trainable_variables)
+          if v.path.endswith("kernel")]
+
+
+def replica_local_indices(model: keras.Model) -> list[int]:
+  """Positions of the BN moving statistics among the non-trainable
+  variables: each replica updates its own copy (synchronization on_read)."""
+  return [i for i, v in enumerate(model.non_trainable_variables)
+          if v.synchronization == "on_read"]
+
+
+def losses_and_hits(logits, labels, num_classes: int,
+                    label_smoothing: float):
+  """Per-example loss, top-1 and top-5 hits and weight (0 for label -1),
+  as train_step.ReplicaStep.losses_and_hits."""
+  logits = ops.cast(logits, "float32")
+  weight = ops.cast(labels >= 0, "float32")
+  labels = ops.maximum(labels, 0)
+  one_hot = ops.one_hot(labels, num_classes)
+  per_example = keras.losses.categorical_crossentropy(
+      one_hot, logits, from_logits=True, label_smoothing=label_smoothing)
+  top1 = ops.cast(ops.in_top_k(labels, logits, 1), "float32")
+  top5 = ops.cast(ops.in_top_k(labels, logits, min(5, num_classes)),
+                  "float32")
+  return per_example * weight, top1 * weight, top5 * weight, weight
+
+
+class JaxTrainStep:
+  """One training step of `model` and `optimizer` over `mesh`'s devices.
+
+  `state()` reads the variables' values, `step(state, images, labels)` (one
+  jitted call) returns the next state and the step's metric sums over all
+  replicas, `write_back(state)` puts values into the Keras variables;
+  `gradients(state, images, labels)` is the step without its update.
+  """
+
+  def __init__(self, model: keras.Model,
+               optimizer: keras.optimizers.Optimizer,
+               mesh: jax.sharding.Mesh, loss: LossConfig):
+    if keras.backend.backend() != "jax":
+      raise RuntimeError("JaxTrainStep needs KERAS_BACKEND=jax.")
+    if loss.global_batch_size % mesh.size:
+      raise ValueError(f"the global batch ({loss.global_batch_size}) must "
+                       f"divide over the {mesh.size} devices.")
+    self.model = model
+    self.optimizer = optimizer
+    self.mesh = mesh
+    self.loss = loss
+    self.num_replicas = mesh.size
+    optimizer.build(model.trainable_variables)
+    self.decayed = decayed_indices(model) if loss.weight_decay else []
+    self.replica_local = replica_local_indices(model)
+    replicated = PartitionSpec()
+    batch = PartitionSpec(REPLICA_AXES)
+    self.replicated = NamedSharding(mesh, replicated)
+    self.batch_sharding = NamedSharding(mesh, batch)
+    # check_vma=False: each replica differentiates its own loss, and the
+    # one psum below sums the gradients (with check_vma the transpose of
+    # the replicated weights' broadcast would sum them once more).
+    per_replica = functools.partial(
+        jax.shard_map, mesh=mesh, in_specs=(replicated, batch, batch),
+        out_specs=replicated, check_vma=False)
+    self.step = jax.jit(per_replica(self._replica_step), donate_argnums=0)
+    # The summed gradients alone, without the update (tests, debugging).
+    self.gradients = jax.jit(per_replica(self._replica_gradients))
+
+  def state(self) -> TrainState:
+    """The variables' current values, replicated on every device."""
+    values = TrainState(
+        [v.value for v in self.model.trainable_variables],
+        [v.value for v in self.model.non_trainable_variables],
+        [v.value for v in self.optimizer.variables])
+    return jax.device_put(values, self.replicated)
+
+  def shard_batch(self, images, labels):
+    """A global batch split over the replicas, in device order."""
+    return (jax.device_put(images, self.batch_sharding),
+            jax.device_put(labels, self.batch_sharding))
+
+  def write_back(self, state: TrainState) -> None:
+    """Sets the Keras variables to `state` (to save or evaluate)."""
+    for variables, values in (
+        (self.model.trainable_variables, state.trainable),
+        (self.model.non_trainable_variables, state.non_trainable),
+        (self.optimizer.variables, state.optimizer)):
+      for variable, value in zip(variables, values):
+        variable.assign(value)
+
+  def _replica_loss(self, trainable, non_trainable, images, labels):
+    logits, non_trainable = self.model.stateless_call(
+        trainable, non_trainable, images, training=True)
+    per_example, top1, top5, weight = losses_and_hits(
+        logits, labels, self.loss.num_classes, self.loss.label_smoothing)
+    # Scaled by the GLOBAL batch: the gradients are summed over replicas.
+    loss = ops.sum(per_example) / self.loss.global_batch_size
+    if self.decayed:
+      l2 = sum(ops.sum(ops.square(trainable[i])) / 2 for i in self.decayed)
+      loss += self.loss.weight_decay * l2 / self.num_replicas
+    sums = ops.stack([ops.sum(per_example), ops.sum(top1), ops.sum(top5),
+                      ops.sum(weight)])
+    return loss, (non_trainable, sums)
+
+  def _replica_gradients(self, state: TrainState, images, labels):
+    """The gradients summed over all replicas, the non-trainable variables
+    with the moving statistics averaged, and the metric sums."""
+    grad_fn = jax.grad(self._replica_loss, has_aux=True)
+    grads, (non_trainable, sums) = grad_fn(
+        state.trainable, state.non_trainable, images, labels)
+    local = [non_trainable[i] / self.num_replicas for i in self.replica_local]
+    # One all-reduce: gradients, moving statistics and metric sums.
+    grads, local, sums = jax.lax.psum((grads, local, sums), REPLICA_AXES)
+    for i, value in zip(self.replica_local, local):
+      non_trainable[i] = value
+    return grads, non_trainable, sums
+
+  def _replica_step(self, state: TrainState, images, labels):
+    grads, non_trainable, sums = self._replica_gradients(state, images,
+                                                         labels)
+    trainable, optimizer = self.optimizer.stateless_apply(
+        state.optimizer, grads, state.trainable)
+    return (TrainState(list(trainable), list(non_trainable),
+                       list(optimizer)),
+            dict(zip(METRICS, ops.unstack(sums))))

@@ -1,0 +1,48 @@
+"""The JAX engine's test session: 8 virtual CPU devices and Keras on JAX,
+set before JAX or Keras loads (make test-jax runs this suite in its own
+process and environment, .venv-jax, which has no TensorFlow).
+
+`tf_reference` runs the TensorFlow side of the equivalence tests once, in
+the TensorFlow environment: $TF_PYTHON, else the repository's .venv.
+"""
+import os
+import subprocess
+import sys
+
+DEVICES = 8
+os.environ["KERAS_BACKEND"] = "jax"
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                           f" --xla_force_host_platform_device_count={DEVICES}")
+os.environ["JAX_PLATFORMS"] = "cpu"
+
+import pytest  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TF_REFERENCE_TIMEOUT_S = 900
+
+
+def tf_python() -> str:
+  """The interpreter of the TensorFlow environment."""
+  python = os.environ.get("TF_PYTHON") or os.path.join(ROOT, ".venv", "bin",
+                                                       "python")
+  if not os.path.exists(python):
+    raise FileNotFoundError(
+        f"the TensorFlow reference needs TensorFlow's Python: {python} does "
+        "not exist (make venv, or set TF_PYTHON).")
+  return python
+
+
+@pytest.fixture(scope="session")
+def tf_reference(tmp_path_factory) -> str:
+  """The folder of tf_reference.py's .npz files ($TF_REFERENCE_DIR: one it
+  already wrote, to rerun the JAX side alone while developing)."""
+  if os.environ.get("TF_REFERENCE_DIR"):
+    return os.environ["TF_REFERENCE_DIR"]
+  out = str(tmp_path_factory.mktemp("tf_reference"))
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("KERAS_BACKEND", "XLA_FLAGS", "JAX_PLATFORMS")}
+  subprocess.run([tf_python(), os.path.join(ROOT, "tests_jax",
+                                            "tf_reference.py"), out],
+                 check=True, env=env, timeout=TF_REFERENCE_TIMEOUT_S,
+                 stdout=sys.stderr)
+  return out
