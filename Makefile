@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 DEMO_DATA := demo_data
 DEMO_RUN := runs/demo
 
-.PHONY: venv lint test test-lab test-tpu-build check-requirements demo bench \
+.PHONY: venv lint test test-tf test-jax bench-gpu bench-gpu-wheels test-lab test-tpu-build check-requirements demo bench \
 	bench-collectives bench-cpu-kernels profile-ops accelerator-check study \
 	study-ladder study-recipe-choice study-recipe study-recipe-long \
 	study-recipe-revised study-recipe-crop study-regime clean
@@ -39,8 +39,33 @@ lint: $(LINT_VENV)/.installed
 # built once. Two keep a 2-core machine busy: tracing is single-threaded.
 TEST_WORKERS ?= 2
 
-test: venv
+# Both engines: TensorFlow's suite (tests/), then JAX's (tests_jax/).
+test: test-tf test-jax
+
+test-tf: venv
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15
+
+# The JAX engine's suite in its own process and environment (.venv-jax:
+# requirements-jax.txt, no TensorFlow), on 8 virtual CPU devices
+# (tests_jax/conftest.py). Python 3.12 where found, the Python of the H200
+# image the GPU bench runs on (jax 0.11.2; on 3.11 jax stops at 0.10.2).
+# Its equivalence tests run their TensorFlow side in .venv (TF_PYTHON).
+JAX_PYTHON ?= $(firstword $(shell for p in python3.12 \
+    $$(pyenv root 2>/dev/null)/versions/3.12*/bin/python3.12; do \
+    "$$p" -c "" 2>/dev/null && echo "$$p" && break; done) $(PYTHON))
+JAX_VENV := .venv-jax
+JAX_PY := $(JAX_VENV)/bin/python
+
+$(JAX_VENV)/.installed: requirements-jax.txt
+	$(JAX_PYTHON) -m venv $(JAX_VENV)
+	$(JAX_PY) -m pip install --quiet --upgrade pip
+	$(JAX_PY) -m pip install --quiet -r requirements-jax.txt
+	touch $@
+
+test-jax: venv $(JAX_VENV)/.installed
+	$(JAX_PY) --version
+	TF_PYTHON=$(abspath $(PY)) $(JAX_PY) -m pytest -q -n $(TEST_WORKERS) \
+	    --dist loadfile --durations=10 tests_jax
 
 # The lab's runs at their tiniest settings (tests/lab): benchmarks, studies,
 # the all-reduce model and the profilers. `make test` runs one smoke each.
@@ -117,6 +142,25 @@ bench: venv
 	$(PY) -m lab.bench_input --output_dir=bench_results
 	$(PY) -m lab.allreduce_sim --output_dir=bench_results
 	$(PY) -m lab.bench_report --output_dir=bench_results
+
+# ResNet-50 training steps on one GPU, the project's JAX step beside stock
+# Keras and torchvision (lab/bench_gpu.py), in a Python with JAX and Keras
+# (and torch): e.g. make bench-gpu BENCH_PYTHON=python3. Writes
+# bench_results/gpu_bench.json.
+BENCH_PYTHON ?= python3
+
+bench-gpu:
+	KERAS_BACKEND=jax $(BENCH_PYTHON) -m lab.bench_gpu \
+	    --output_dir=bench_results
+
+# The wheels that bench carries to a machine with JAX and no Keras (the
+# lent H200: Python 3.12), into .whl/; its docstring has the command there.
+bench-gpu-wheels: requirements-bench-gpu.txt
+	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: \
+	    --python-version 3.12 --implementation cp \
+	    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+	    --platform manylinux2014_x86_64 -d .whl -r requirements-bench-gpu.txt
+	ls -l .whl
 
 # Distributed BN's group all-reduce, subgroup collective vs the masked
 # fallback (why --bn_all_reduce=auto picks the collective): under a minute.

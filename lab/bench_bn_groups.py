@@ -27,7 +27,6 @@ import tensorflow as tf  # noqa: E402
 
 from resnet_tpu.model.distributed_batch_norm import (  # noqa: E402
     DistributedBatchNormalization)
-from resnet_tpu.optim import optimizers  # noqa: E402
 from resnet_tpu.optim import optimizers_tf  # noqa: E402
 from resnet_tpu.runtime import host_memory  # noqa: E402
 from resnet_tpu.inputs import input_pipeline  # noqa: E402

@@ -117,7 +117,8 @@ def resolve() -> bool:
 
 def _record(pin: str, extras: set[str]) -> dict:
   """Requires-Python, Requires-Dist (requested extras only), wheel Pythons."""
-  install = next(filter(None, (_dry_run(pin, p) for p in ("3.11", "3.10"))),
+  install = next(filter(None, (_dry_run(pin, p)
+                              for p in ("3.11", "3.10", "3.12", "3.13"))),
                  None)
   if install is None:
     raise ValueError(f"{pin}: no Linux x86_64 wheel on PyPI")

@@ -25,6 +25,10 @@ TARGETS = ("requirements-gpu.txt", "requirements-tpu.txt", "requirements.txt")
 ADD_ONS = {"requirements-dev.txt": ("requirements.txt",
                                     "requirements-tpu.txt"),
            "requirements-lint.txt": (),
+           # Environments of their own: the JAX suite (.venv-jax) and what
+           # the GPU bench carries beside the H200 image's JAX and torch.
+           "requirements-jax.txt": (),
+           "requirements-bench-gpu.txt": (),
            "requirements-tpu-pod.txt": ("requirements-tpu.txt",)}
 
 

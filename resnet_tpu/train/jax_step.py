@@ -82,6 +82,12 @@ def losses_and_hits(logits, labels, num_classes: int,
   return per_example * weight, top1 * weight, top5 * weight, weight
 
 
+def replica_count() -> int:
+  """The number of replicas the step runs over, read from its mapped axes
+  (a mesh's under shard_map, or vmap's virtual replicas)."""
+  return jax.lax.psum(1, REPLICA_AXES)
+
+
 class JaxTrainStep:
   """One training step of `model` and `optimizer` over `mesh`'s devices.
 
@@ -103,7 +109,6 @@ class JaxTrainStep:
     self.optimizer = optimizer
     self.mesh = mesh
     self.loss = loss
-    self.num_replicas = mesh.size
     optimizer.build(model.trainable_variables)
     self.decayed = decayed_indices(model) if loss.weight_decay else []
     self.replica_local = replica_local_indices(model)
@@ -152,7 +157,7 @@ class JaxTrainStep:
     loss = ops.sum(per_example) / self.loss.global_batch_size
     if self.decayed:
       l2 = sum(ops.sum(ops.square(trainable[i])) / 2 for i in self.decayed)
-      loss += self.loss.weight_decay * l2 / self.num_replicas
+      loss += self.loss.weight_decay * l2 / replica_count()
     sums = ops.stack([ops.sum(per_example), ops.sum(top1), ops.sum(top5),
                       ops.sum(weight)])
     return loss, (non_trainable, sums)
@@ -163,7 +168,7 @@ class JaxTrainStep:
     grad_fn = jax.grad(self._replica_loss, has_aux=True)
     grads, (non_trainable, sums) = grad_fn(
         state.trainable, state.non_trainable, images, labels)
-    local = [non_trainable[i] / self.num_replicas for i in self.replica_local]
+    local = [non_trainable[i] / replica_count() for i in self.replica_local]
     # One all-reduce: gradients, moving statistics and metric sums.
     grads, local, sums = jax.lax.psum((grads, local, sums), REPLICA_AXES)
     for i, value in zip(self.replica_local, local):

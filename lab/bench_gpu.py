@@ -1,0 +1,411 @@
+"""ResNet-50 training steps on one GPU, side by side (issue 48): the project's
+network and JAX step against stock Keras and torchvision.
+
+In one run, each workload in a process of its own (so that each has the
+device's memory, and its peak, to itself), in this order:
+  ours          the project's ResNet-50 v1.5 and JAX step
+                (train/jax_step.py; one device, BN over the whole batch);
+  stock_layers  the same v1.5 network built from stock keras.layers
+                (Conv2D, BatchNormalization) and a plain jitted step;
+  keras_app     keras.applications.ResNet50 (v1) and the same plain step;
+  torch_eager, torch_compile
+                torchvision's resnet50 (v1.5), channels-last, bf16 autocast;
+  ours_bn32     the project's step over --batch_size / --bn_images virtual
+                replicas (jax.vmap over the mesh's axes), so that BN
+                normalises over --bn_images images, as on that many GPUs.
+The Keras steps share the loss (label smoothing 0.1, L2 1e-4 on kernels)
+and momentum SGD; torch's is the same, weight decay in the optimizer. Input
+is synthetic and already on the device. bf16 compute, float32 weights.
+
+Reported per workload: images/s and step ms (median over --repeats windows
+of --steps steps, with min and max), compile seconds, FLOPs per step (XLA's
+cost analysis of the compiled Keras step; torch takes stock_layers', the
+same v1.5 network), MFU against --peak_tflops (989.4: NVIDIA's H100/H200
+SXM dense bf16 figure) and peak device memory. BN groups on one GPU show
+only their arithmetic: with one device there is no all-reduce to pay.
+
+On the lent H200 (no TensorFlow there; Keras, namex and optree carried as
+Python 3.12 wheels, `make bench-gpu-wheels`):
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site \
+      .whl/*.whl && PYTHONPATH=/tmp/site:. python3 -m lab.bench_gpu \
+      --output_dir=$OUT
+Elsewhere: `make bench-gpu` (BENCH_PYTHON: a Python with JAX and Keras).
+The run stops starting workloads when --budget_s would be exceeded.
+"""
+import contextlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+from absl import app
+from absl import flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("output_dir", "bench_results", "Where gpu_bench.json goes.")
+flags.DEFINE_list("workloads", ["ours", "stock_layers", "keras_app",
+                                "torch_compile", "torch_eager", "ours_bn32"],
+                  "Workloads to run, in this order.")
+flags.DEFINE_string("worker", "", "Internal: run one workload, print JSON.")
+flags.DEFINE_integer("depth", 50, "ResNet depth of the v1.5 workloads.")
+flags.DEFINE_integer("batch_size", 256, "Images per step.")
+flags.DEFINE_integer("image_size", 224, "Image side in pixels.")
+flags.DEFINE_integer("num_classes", 1000, "Classes.")
+flags.DEFINE_integer("bn_images", 32, "Images per BN replica in ours_bn32.")
+flags.DEFINE_integer("warmup_steps", 5, "Untimed steps after compiling.")
+flags.DEFINE_integer("steps", 20, "Steps per timed window.")
+flags.DEFINE_integer("repeats", 3, "Timed windows per workload.")
+flags.DEFINE_float("peak_tflops", 989.4,
+                   "Dense bf16 peak of the device, TFLOP/s (MFU's divisor).")
+flags.DEFINE_float("budget_s", 330.0, "Wall-clock budget of the whole run.")
+
+WORKLOAD_TIMEOUT_S = 240
+LABEL_SMOOTHING = 0.1
+WEIGHT_DECAY = 1e-4
+LEARNING_RATE = 0.1
+MOMENTUM = 0.9
+
+
+def _versions() -> dict:
+  out = {"python": platform.python_version()}
+  for name in ("jax", "jaxlib", "keras", "torch", "torchvision"):
+    try:
+      out[name] = __import__(name).__version__
+    except ImportError:
+      out[name] = None
+  return out
+
+
+# ----------------------------------------------------------------- Keras/JAX
+
+
+@contextlib.contextmanager
+def stock_keras_layers():
+  """The project's builder with stock keras.layers.Conv2D and
+  BatchNormalization in place of its own: the same v1.5 network."""
+  import keras  # pylint: disable=g-import-not-at-top
+  from resnet_tpu.model import resnet  # pylint: disable=g-import-not-at-top
+
+  def conv(*args, float32_kernels=False, **kwargs):
+    del float32_kernels
+    return keras.layers.Conv2D(*args, **kwargs)
+
+  def bn(x, group_size, name, zero_gamma=False, frozen=False, momentum=0.9,
+         epsilon=1e-5, **unused):
+    del group_size, frozen, unused
+    return keras.layers.BatchNormalization(
+        momentum=momentum, epsilon=epsilon, name=name,
+        gamma_initializer="zeros" if zero_gamma else "ones")(x)
+
+  saved = resnet.Conv2D, resnet._bn
+  resnet.Conv2D, resnet._bn = conv, bn
+  try:
+    yield
+  finally:
+    resnet.Conv2D, resnet._bn = saved
+
+
+def _keras_model(workload: str):
+  import keras  # pylint: disable=g-import-not-at-top
+  from resnet_tpu.config import ModelConfig  # pylint: disable=g-import-not-at-top
+  from resnet_tpu.model import resnet  # pylint: disable=g-import-not-at-top
+  cfg = ModelConfig(resnet_depth=FLAGS.depth, image_size=FLAGS.image_size,
+                    num_classes=FLAGS.num_classes, precision="bfloat16",
+                    bfloat16_conv_kernels="native")
+  if workload == "keras_app":
+    with resnet.dtype_policy("bfloat16"):
+      return keras.applications.ResNet50(
+          weights=None, input_shape=(FLAGS.image_size,) * 2 + (3,),
+          classes=FLAGS.num_classes, classifier_activation=None)
+  if workload == "stock_layers":
+    with stock_keras_layers():
+      return resnet.build_model(cfg)
+  return resnet.build_model(cfg)
+
+
+def _loss_config():
+  from resnet_tpu.train.jax_step import LossConfig  # pylint: disable=g-import-not-at-top
+  return LossConfig(FLAGS.num_classes, FLAGS.batch_size, LABEL_SMOOTHING,
+                    WEIGHT_DECAY)
+
+
+def plain_step(model, optimizer):
+  """A jitted stateless step with JaxTrainStep's loss, on one device: the
+  way a Keras-on-JAX user would write it."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from keras import ops  # pylint: disable=g-import-not-at-top
+  from resnet_tpu.train.jax_step import decayed_indices  # pylint: disable=g-import-not-at-top
+  from resnet_tpu.train.jax_step import losses_and_hits  # pylint: disable=g-import-not-at-top
+  decayed = decayed_indices(model)
+  optimizer.build(model.trainable_variables)
+
+  def loss_fn(trainable, non_trainable, images, labels):
+    logits, non_trainable = model.stateless_call(trainable, non_trainable,
+                                                 images, training=True)
+    per_example, _, _, _ = losses_and_hits(logits, labels, FLAGS.num_classes,
+                                           LABEL_SMOOTHING)
+    l2 = sum(ops.sum(ops.square(trainable[i])) / 2 for i in decayed)
+    return (ops.sum(per_example) / FLAGS.batch_size + WEIGHT_DECAY * l2,
+            non_trainable)
+
+  def step(state, images, labels):
+    trainable, non_trainable, opt = state
+    grads, non_trainable = jax.grad(loss_fn, has_aux=True)(
+        trainable, non_trainable, images, labels)
+    trainable, opt = optimizer.stateless_apply(opt, grads, trainable)
+    return (trainable, non_trainable, opt), ops.sum(grads[-1])
+
+  state = ([v.value for v in model.trainable_variables],
+           [v.value for v in model.non_trainable_variables],
+           [v.value for v in optimizer.variables])
+  return jax.jit(step, donate_argnums=0), state
+
+
+def virtual_replicas_step(train_step, replicas: int, group_size: int = 1):
+  """The project's per-replica step (JaxTrainStep._replica_gradients) over
+  `replicas` virtual replicas on one device, in BN groups of `group_size`:
+  jax.vmap binds the mesh's two axis names, so every psum of the step runs
+  over the vmapped replicas (tests_jax/test_bench_gpu.py checks it against
+  the step on as many devices)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from resnet_tpu.parallel.bn_all_reduce_jax import GROUPS_AXIS  # pylint: disable=g-import-not-at-top
+  from resnet_tpu.parallel.bn_all_reduce_jax import IN_GROUP_AXIS  # pylint: disable=g-import-not-at-top
+  from resnet_tpu.train.jax_step import TrainState  # pylint: disable=g-import-not-at-top
+  per_replica = jax.vmap(train_step._replica_gradients,
+                         in_axes=(None, 0, 0), axis_name=IN_GROUP_AXIS)
+  per_group = jax.vmap(per_replica, in_axes=(None, 0, 0),
+                       axis_name=GROUPS_AXIS)
+
+  def step(state, images, labels):
+    shape = (replicas // group_size, group_size, -1)
+    grads, non_trainable, sums = per_group(
+        state, images.reshape(shape + images.shape[1:]),
+        labels.reshape(shape))
+    first = lambda tree: jax.tree.map(lambda t: t[0, 0], tree)
+    grads, non_trainable = first(grads), first(non_trainable)
+    trainable, opt = train_step.optimizer.stateless_apply(
+        state.optimizer, grads, state.trainable)
+    return TrainState(list(trainable), list(non_trainable), list(opt)), sums
+
+  return jax.jit(step, donate_argnums=0)
+
+
+def _flops(compiled) -> float | None:
+  analysis = compiled.cost_analysis()
+  if isinstance(analysis, (list, tuple)):
+    analysis = analysis[0] if analysis else None
+  return float(analysis["flops"]) if analysis and "flops" in analysis else None
+
+
+def _peak_memory() -> int | None:
+  import jax  # pylint: disable=g-import-not-at-top
+  stats = jax.devices()[0].memory_stats()
+  return int(stats["peak_bytes_in_use"]) if stats else None
+
+
+def run_keras(workload: str) -> dict:
+  """Compile and time one Keras workload on JAX's first device."""
+  os.environ["KERAS_BACKEND"] = "jax"
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from resnet_tpu.optim.optimizers import build_optimizer  # pylint: disable=g-import-not-at-top
+  from resnet_tpu.parallel.bn_all_reduce_jax import build_mesh  # pylint: disable=g-import-not-at-top
+  from resnet_tpu.train.jax_step import JaxTrainStep  # pylint: disable=g-import-not-at-top
+  model = _keras_model(workload)
+  optimizer = build_optimizer("momentum", LEARNING_RATE, momentum=MOMENTUM)
+  device = jax.devices()[0]
+  rng = np.random.RandomState(0)
+  images = jax.device_put(rng.uniform(
+      0, 255, (FLAGS.batch_size, FLAGS.image_size, FLAGS.image_size, 3)
+  ).astype(np.float32), device)
+  labels = jax.device_put(
+      rng.randint(0, FLAGS.num_classes, FLAGS.batch_size).astype(np.int32),
+      device)
+  if workload in ("ours", "ours_bn32"):
+    train_step = JaxTrainStep(model, optimizer, build_mesh(1, [device]),
+                              _loss_config())
+    state = train_step.state()
+    step = train_step.step
+    if workload == "ours_bn32":
+      if FLAGS.batch_size % FLAGS.bn_images:
+        raise ValueError(f"--bn_images={FLAGS.bn_images} must divide "
+                         f"--batch_size={FLAGS.batch_size}")
+      step = virtual_replicas_step(train_step,
+                                   FLAGS.batch_size // FLAGS.bn_images)
+  else:
+    step, state = plain_step(model, optimizer)
+    state = jax.device_put(state, device)
+  start = time.perf_counter()
+  compiled = step.lower(state, images, labels).compile()
+  compile_s = time.perf_counter() - start
+  for _ in range(FLAGS.warmup_steps):
+    state, out = compiled(state, images, labels)
+  jax.block_until_ready((state, out))
+  windows = []
+  for _ in range(FLAGS.repeats):
+    start = time.perf_counter()
+    for _ in range(FLAGS.steps):
+      state, out = compiled(state, images, labels)
+    jax.block_until_ready((state, out))
+    windows.append(time.perf_counter() - start)
+  return {"compile_s": compile_s, "flops_per_step": _flops(compiled),
+          "window_s": windows, "peak_memory_bytes": _peak_memory(),
+          "device": device.device_kind, "platform": device.platform}
+
+
+# --------------------------------------------------------------------- torch
+
+
+def run_torch(workload: str) -> dict:
+  """torchvision's resnet50, eager or torch.compile'd, bf16 autocast."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import torchvision  # pylint: disable=g-import-not-at-top
+  if not torch.cuda.is_available():
+    raise RuntimeError("torch sees no GPU")
+  device = torch.device("cuda")
+  model = torchvision.models.resnet50(num_classes=FLAGS.num_classes).to(
+      device, memory_format=torch.channels_last)
+  optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE,
+                              momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
+  loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=LABEL_SMOOTHING)
+  images = (torch.rand(FLAGS.batch_size, 3, FLAGS.image_size,
+                       FLAGS.image_size, device=device) * 255).to(
+                           memory_format=torch.channels_last)
+  labels = torch.randint(0, FLAGS.num_classes, (FLAGS.batch_size,),
+                         device=device)
+
+  def train(x, y):
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+      loss = loss_fn(model(x), y)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss
+
+  step = torch.compile(train) if workload == "torch_compile" else train
+  start = time.perf_counter()
+  step(images, labels)
+  torch.cuda.synchronize()
+  compile_s = time.perf_counter() - start
+  for _ in range(FLAGS.warmup_steps):
+    step(images, labels)
+  torch.cuda.synchronize()
+  torch.cuda.reset_peak_memory_stats()
+  windows = []
+  for _ in range(FLAGS.repeats):
+    start = time.perf_counter()
+    for _ in range(FLAGS.steps):
+      step(images, labels)
+    torch.cuda.synchronize()
+    windows.append(time.perf_counter() - start)
+  return {"compile_s": compile_s, "flops_per_step": None,
+          "window_s": windows,
+          "peak_memory_bytes": int(torch.cuda.max_memory_allocated()),
+          "device": torch.cuda.get_device_name(), "platform": "gpu"}
+
+
+# -------------------------------------------------------------------- driver
+
+
+def summarise(result: dict, flops: float | None) -> dict:
+  """images/s, step ms and MFU from a worker's timed windows."""
+  per_step = [w / FLAGS.steps for w in result["window_s"]]
+  rates = [FLAGS.batch_size / s for s in per_step]
+  out = dict(result)
+  out.update({
+      "images_per_s": statistics.median(rates),
+      "images_per_s_range": [min(rates), max(rates)],
+      "step_ms": 1000 * statistics.median(per_step)})
+  if flops:
+    out["flops_per_step_used"] = flops
+    out["mfu"] = flops / statistics.median(per_step) / (
+        FLAGS.peak_tflops * 1e12)
+  return out
+
+
+def ratios(results: dict) -> dict:
+  """The issue's ratios of images/s, where both sides ran."""
+  pairs = {"ours_vs_stock_layers": ("ours", "stock_layers"),
+           "ours_vs_keras_app": ("ours", "keras_app"),
+           "ours_bn32_vs_ours": ("ours_bn32", "ours"),
+           "ours_vs_torch_compile": ("ours", "torch_compile"),
+           "ours_vs_torch_eager": ("ours", "torch_eager")}
+  out = {}
+  for name, (a, b) in pairs.items():
+    if "images_per_s" in results.get(a, {}) and "images_per_s" in results.get(
+        b, {}):
+      out[name] = results[a]["images_per_s"] / results[b]["images_per_s"]
+  return out
+
+
+def run_worker(workload: str, timeout_s: float) -> dict:
+  """One workload in its own process; its JSON, or why there is none."""
+  command = [sys.executable, "-m", "lab.bench_gpu", f"--worker={workload}"]
+  command += [f"--{name}={getattr(FLAGS, name)}" for name in (
+      "depth", "batch_size", "image_size", "num_classes", "bn_images",
+      "warmup_steps", "steps", "repeats")]
+  env = dict(os.environ, KERAS_BACKEND="jax")
+  try:
+    done = subprocess.run(command, capture_output=True, text=True,
+                          timeout=timeout_s, env=env)
+  except subprocess.TimeoutExpired:
+    return {"skipped": f"over its {timeout_s:.0f} s"}
+  lines = [l for l in done.stdout.splitlines() if l.startswith("{")]
+  if done.returncode or not lines:
+    tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+    return {"skipped": f"exit {done.returncode}: " + " | ".join(tail)}
+  return json.loads(lines[-1])
+
+
+def drive() -> dict:
+  start = time.perf_counter()
+  results = {}
+  for workload in FLAGS.workloads:
+    left = FLAGS.budget_s - (time.perf_counter() - start)
+    if left < 30:
+      results[workload] = {"skipped": "time budget spent"}
+      continue
+    results[workload] = run_worker(workload, min(left, WORKLOAD_TIMEOUT_S))
+    print(workload, json.dumps(results[workload])[:300], flush=True)
+  flops_v15 = (results.get("stock_layers", {}).get("flops_per_step") or
+               results.get("ours", {}).get("flops_per_step"))
+  for workload, result in results.items():
+    if "window_s" in result:
+      flops = result["flops_per_step"] or (
+          flops_v15 if workload.startswith("torch") else None)
+      results[workload] = summarise(result, flops)
+  return {
+      "what": "ResNet training steps on one device, side by side "
+              "(lab/bench_gpu.py; issue 48)",
+      "config": {name: getattr(FLAGS, name) for name in (
+          "depth", "batch_size", "image_size", "num_classes", "bn_images",
+          "warmup_steps", "steps", "repeats", "peak_tflops")},
+      "versions": _versions(),
+      "workloads": results,
+      "ratios": ratios(results),
+      "wall_s": time.perf_counter() - start,
+      "rerun": "python3 -m lab.bench_gpu --output_dir=DIR (see its "
+               "docstring for the lent H200)",
+  }
+
+
+def main(argv):
+  del argv
+  if FLAGS.worker:
+    run = run_torch if FLAGS.worker.startswith("torch") else run_keras
+    print(json.dumps(run(FLAGS.worker)), flush=True)
+    return
+  report = drive()
+  os.makedirs(FLAGS.output_dir, exist_ok=True)
+  path = os.path.join(FLAGS.output_dir, "gpu_bench.json")
+  with open(path, "w") as f:
+    json.dump(report, f, indent=1)
+  print(json.dumps(report["ratios"], indent=1))
+  print("wrote", path)
+
+
+if __name__ == "__main__":
+  app.run(main)
