@@ -1,5 +1,7 @@
 """Gradients to updates: optimizers, LARS, RMSprop warm-up, LR schedules.
 
 Every schedule is a function of the epoch (the TF-free clock.py), so a
-batch-size schedule (Mikami et al. 2018) keeps its shape in epochs.
+batch-size schedule (Mikami et al. 2018) keeps its shape in epochs. Written
+in keras.ops for TensorFlow and JAX; optimizers_tf.py and optimizers_jax.py
+are how each engine's replicas meet an optimizer.
 """

@@ -3,5 +3,6 @@
 train_step.py is the per-replica step, host_loops.py runs many of them per
 host call, trainer.py keeps the cadence of loops, evals and checkpoints;
 loop_report.py, metrics_log.py, checkpointing.py and preemption.py are what
-it reports, writes, saves and stops on.
+it reports, writes, saves and stops on. On JAX the step is jax_step.py
+(the rest is TensorFlow's so far).
 """
