@@ -47,6 +47,9 @@ from absl import flags
 from absl import logging
 import tensorflow as tf
 
+if not __package__:  # run as a file: the repository's root on the path
+  sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))
+
 from resnet_tpu.inputs import record_guards
 from resnet_tpu.inputs import manifest
 

@@ -26,6 +26,7 @@ suspect (--allow_uneven_shards accepts uneven splits made on purpose).
 import concurrent.futures
 import dataclasses
 import os
+import sys
 import time
 
 from absl import app
@@ -33,6 +34,9 @@ from absl import flags
 from absl import logging
 import tensorflow as tf
 from google.protobuf import message
+
+if not __package__:  # run as a file: the repository's root on the path
+  sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))
 
 from resnet_tpu.inputs import input_pipeline
 from resnet_tpu.inputs import manifest

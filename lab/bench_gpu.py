@@ -29,7 +29,9 @@ Python 3.12 wheels, `make bench-gpu-wheels`):
   python3 -m pip install -q --no-index --no-deps --target /tmp/site \
       .whl/*.whl && PYTHONPATH=/tmp/site:. python3 -m lab.bench_gpu \
       --output_dir=$OUT
-Elsewhere: `make bench-gpu` (BENCH_PYTHON: a Python with JAX and Keras).
+Elsewhere: `python -m lab.bench_gpu --output_dir=DIR` with
+KERAS_BACKEND=jax, or `make bench-gpu` (BENCH_PYTHON: a Python with JAX and
+Keras).
 The run stops starting workloads when --budget_s would be exceeded.
 """
 import contextlib
@@ -387,7 +389,7 @@ def drive() -> dict:
       "workloads": results,
       "ratios": ratios(results),
       "wall_s": time.perf_counter() - start,
-      "rerun": "python3 -m lab.bench_gpu --output_dir=DIR (see its "
+      "rerun": "python -m lab.bench_gpu --output_dir=DIR (see its "
                "docstring for the lent H200)",
   }
 

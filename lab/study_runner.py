@@ -74,6 +74,7 @@ def last_quarter_loss(train: list[dict]) -> float:
   last = train[-1]["step"]
   kept = [r for r in train
           if r["step"] > last - last // study_baseline.EVALS] or train[-1:]
+  kept = [r for r in kept if r["examples"]]  # a loop of skipped steps
   return (sum(r["loss"] * r["examples"] for r in kept)
           / sum(r["examples"] for r in kept))
 

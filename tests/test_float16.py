@@ -12,6 +12,7 @@ from conftest import cpu_strategy
 from resnet_tpu import config as config_lib
 from resnet_tpu.config import ConfigError
 from resnet_tpu.config import TrainConfig
+from resnet_tpu.train import loop_report
 from resnet_tpu.train.loss_scale import DynamicLossScale
 from resnet_tpu.train.metrics_log import read_metrics
 from resnet_tpu.train.trainer import Trainer
@@ -134,3 +135,37 @@ def test_float16_where_it_cannot_run_is_refused(tmp_path):
     config_lib.validate(_config(tmp_path, batch_size_schedule="0:16"))
   with pytest.raises(ConfigError, match="use --precision=bfloat16"):
     config_lib.validate(_config(tmp_path, strategy="tpu"))
+
+
+def _nan_data(steps):
+  images, labels = _data(steps)
+  images[:] = np.nan
+  return images, labels
+
+
+@pytest.mark.parametrize("overrides", [
+    {},  # float16: the first loop's skipped steps halve the scale to 1
+    {"precision": "float32", "skip_nonfinite_steps": True}])
+def test_a_loss_that_stays_nan_stops_the_run_instead_of_hanging(tmp_path,
+                                                                overrides):
+  images, labels = _nan_data(2)
+  cfg = _config(tmp_path, train_steps=1000, steps_per_loop=2, **overrides)
+  loops = []
+
+  def bounded(record):  # the hang this test guards against, bounded
+    loops.append(record)
+    assert len(loops) < 10, "still training after 10 loops of skipped steps"
+
+  trainer = Trainer(cfg, cpu_strategy(2), loop_callback=bounded)
+  if trainer.loss_scale is not None:
+    with trainer.strategy.scope():
+      trainer.loss_scale.scale.assign(4.0)  # two halvings to the floor
+  with pytest.raises(loop_report.NonFiniteLossError,
+                     match=r"last 3 host loops.*cannot pass step 0.*"
+                           r"checkpoint is \S*ckpt-0\. Restart"):
+    trainer.fit(_dataset_fn(images, labels))
+  records = read_metrics(str(tmp_path))
+  # The loops before the stop, each logged without a loss or top-1.
+  assert [r["skipped_steps"] for r in records] == [2] * len(records)
+  assert len(records) == loop_report.STALLED_LOOPS_LIMIT
+  assert not any("loss" in r or "top1" in r for r in records)

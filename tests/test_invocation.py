@@ -5,6 +5,10 @@ import ast
 import glob
 import os
 import re
+import subprocess
+import sys
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT_DIRS = ("tools", "lab", "lab/dev", "data")
@@ -70,3 +74,38 @@ def test_every_python_m_module_named_exists():
     assert (os.path.exists(base + ".py") or
             os.path.exists(os.path.join(base, "__init__.py"))), (
                 f"{path} names {module}")
+
+
+BOOTSTRAP = "if not __package__:  # run as a file"
+PROJECT_IMPORT = re.compile(r"^(?:from|import) (?:resnet_tpu|data|tools|lab)\b",
+                            re.M)
+
+
+def test_every_data_and_tools_script_also_runs_as_a_file():
+  """tensorflow/tpu's users run its scripts by their file path: ours put
+  the repository's root on the path before importing it."""
+  checked = 0
+  for path in _scripts():
+    if os.path.basename(os.path.dirname(path)) not in ("data", "tools"):
+      continue
+    with open(path) as f:
+      text = f.read()
+    first = PROJECT_IMPORT.search(text)
+    if first:
+      checked += 1
+      assert -1 < text.find(BOOTSTRAP) < first.start(), path
+  assert checked >= 8
+
+
+@pytest.mark.parametrize("folder,script", [("data", "build_tfrecords.py"),
+                                           ("tools", "predict.py")])
+def test_a_script_run_as_a_file_from_elsewhere_shows_its_help(tmp_path,
+                                                              folder, script):
+  done = subprocess.run([sys.executable, os.path.join(ROOT, folder, script),
+                         "--help"], cwd=tmp_path, capture_output=True,
+                        text=True, timeout=120,
+                        env={k: v for k, v in os.environ.items()
+                             if k != "PYTHONPATH"})
+  # absl's --help prints the usage and exits 1.
+  assert "Try --helpfull" in done.stdout, done.stderr[-2000:]
+  assert "ModuleNotFoundError" not in done.stderr

@@ -32,12 +32,16 @@ GPU. --tiny (CI, CPU replicas): ResNet-18 against Keras's ResNet50 at 32 px,
 one device on a small conv net; the XLA step lowered to HLO but not run.
 """
 import json
+import os
 import sys
 import tempfile
 
 from absl import app
 from absl import flags
 from absl import logging
+
+if not __package__:  # run as a file: the repository's root on the path
+  sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))
 
 from resnet_tpu.config import ConfigError
 from resnet_tpu.runtime import process_setup

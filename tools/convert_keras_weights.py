@@ -17,11 +17,16 @@ Keras's BN momentum and epsilon,
 and the weights converted exactly (resnet_tpu/model/keras_weights.py).
 tools.evaluate and tools.export_savedmodel read it as they read a run.
 """
+import os
+import sys
 from absl import app
 from absl import flags
 from absl import logging
 import keras
 import tensorflow as tf
+
+if not __package__:  # run as a file: the repository's root on the path
+  sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))
 
 from resnet_tpu import config as config_lib
 from resnet_tpu.config import TrainConfig

@@ -27,6 +27,7 @@ import csv
 import dataclasses
 import json
 import os
+import sys
 import time
 
 from absl import app
@@ -35,6 +36,9 @@ from absl import logging
 from matplotlib.figure import Figure
 import numpy as np
 import tensorflow as tf
+
+if not __package__:  # run as a file: the repository's root on the path
+  sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))
 
 from resnet_tpu import config as config_lib
 from resnet_tpu import export

@@ -7,8 +7,13 @@ The network comes from <model_dir>/config.json; the checkpoint is the latest
 of --model_dir unless --checkpoint names one.
 """
 
+import os
+import sys
 from absl import app
 from absl import flags
+
+if not __package__:  # run as a file: the repository's root on the path
+  sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))
 
 from resnet_tpu import export
 

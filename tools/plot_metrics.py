@@ -8,12 +8,16 @@ resumed runs (each run's elapsed_s restarts at 0). Rendered with the Agg
 backend, so it needs no display.
 """
 import os
+import sys
 
 from absl import app
 from absl import flags
 from absl import logging
 from matplotlib.figure import Figure
 import tensorflow as tf
+
+if not __package__:  # run as a file: the repository's root on the path
+  sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))
 
 from resnet_tpu.train.metrics_log import read_metrics
 

@@ -13,12 +13,16 @@ with its error and counted; the others are still classified.
 """
 import json
 import os
+import sys
 
 from absl import app
 from absl import flags
 from absl import logging
 import numpy as np
 import tensorflow as tf
+
+if not __package__:  # run as a file: the repository's root on the path
+  sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))
 
 from tools import evaluate
 

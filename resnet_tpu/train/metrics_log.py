@@ -2,6 +2,8 @@
 
 Each line has at least step, split ("train"|"eval"), loss, top1, top5,
 examples, images_per_sec and elapsed_s; TensorBoard gets the same scalars.
+A host loop that trained on no example (every step skipped) has no loss,
+top1 or top5 (loop_report.train_record).
 """
 import json
 import os
@@ -12,6 +14,8 @@ from resnet_tpu.train import storage
 
 REQUIRED_KEYS = ("step", "split", "loss", "top1", "top5", "examples",
                  "images_per_sec", "elapsed_s")
+# What a record of no examples has no value for.
+OF_EXAMPLES = ("loss", "top1", "top5")
 
 
 class MetricsLog:
@@ -32,7 +36,8 @@ class MetricsLog:
     return self._writers[split]
 
   def write(self, record: dict) -> None:
-    missing = [k for k in REQUIRED_KEYS if k not in record]
+    missing = [k for k in REQUIRED_KEYS if k not in record and not (
+        k in OF_EXAMPLES and record.get("examples") == 0)]
     if missing:
       raise ValueError(f"metrics record lacks {missing}: {record}")
     if not self.enabled:

@@ -247,6 +247,7 @@ class Trainer:
       return self._evaluate_finished(train_iter, evaluate)
     phase_starts = self.clock.phase_start_steps()
     self.save_timer.restart()
+    stalled_loops = 0
     while step < total:
       next_phase = min([s for s in phase_starts if s > step] + [total])
       n = min(cfg.run.steps_per_loop, next_phase - step,
@@ -260,9 +261,13 @@ class Trainer:
       loop_report.check_finite(result, step, n,
                                self.replica_step.skips_nonfinite_steps,
                                self.checkpoints.latest)
+      stalled_loops = stalled_loops + 1 if loop_report.stalled(
+          result, n, self._loss_scale_at_floor()) else 0
       step = self.step
       last = self._log_train(result, n * micro_batches, seconds, step,
                              start_step, total)
+      loop_report.check_progress(stalled_loops, step,
+                                 self.checkpoints.latest)
       preempted = sigterm.any_worker_received(self.strategy) and step < total
       timed = self.save_timer.due(self.strategy)
       do_save = step % ckpt_every == 0 or step == total or timed
@@ -283,6 +288,12 @@ class Trainer:
             "the same command again to resume; exit code "
             f"{preemption.PREEMPTED_EXIT_CODE}.")
     return last
+
+  def _loss_scale_at_floor(self) -> bool:
+    """float16: whether the loss scale is 1 (skipped steps no longer lower
+    it); True without one."""
+    return (self.loss_scale is None or
+            float(self.loss_scale.scale.numpy()) <= 1.0)
 
   def _evaluate_finished(self, train_iter: Iterator,
                          evaluate: Callable[[], dict]) -> dict:
