@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 DEMO_DATA := demo_data
 DEMO_RUN := runs/demo
 
-.PHONY: venv lint test test-tf test-jax bench-gpu bench-gpu-wheels test-lab test-tpu-build check-requirements demo bench \
+.PHONY: venv lint test test-tf test-jax bench-gpu bench-gpu-wheels fashion-mnist \
+	test-lab test-tpu-build check-requirements demo bench \
 	bench-collectives bench-cpu-kernels profile-ops accelerator-check study \
 	study-ladder study-recipe-choice study-recipe study-recipe-long \
 	study-recipe-revised study-recipe-crop study-regime clean
@@ -133,9 +134,24 @@ demo: venv
 	    --saved_model_eval=$(DEMO_RUN)/saved_model_eval.json \
 	    --start_time=$(DEMO_START)
 
+# Debian's dataset-fashion-mnist: the real photos of make bench (its
+# evaluation bench) and make study*, in lab/study_data.FASHION_MNIST_DIR.
+# Installed with apt where this user is root; elsewhere one line says how,
+# before any work.
+FASHION_MNIST_DIR := /usr/share/datasets/fashion-mnist
+
+fashion-mnist:
+	@test -d $(FASHION_MNIST_DIR) || { [ "$$(id -u)" = 0 ] && \
+	    apt-get update -qq && \
+	    apt-get install -y -qq dataset-fashion-mnist >/dev/null; } || { \
+	    echo "make: $(FASHION_MNIST_DIR) is missing: run" \
+	        "'sudo apt-get install dataset-fashion-mnist'" >&2; exit 1; }
+	@test -d $(FASHION_MNIST_DIR) || { echo "make: dataset-fashion-mnist did" \
+	    "not install $(FASHION_MNIST_DIR)" >&2; exit 1; }
+
 # Each benchmark alternates its variants and merges its headline ratios into
 # bench_results/summary.json; bench_report assembles REPORT.md.
-bench: venv
+bench: venv fashion-mnist
 	$(PY) -m lab.bench_train --output_dir=bench_results
 	$(PY) -m lab.bench_bn_groups --output_dir=bench_results
 	$(PY) -m lab.bench_eval --output_dir=bench_results
@@ -192,12 +208,12 @@ accelerator-check:
 # The papers' central claims on real photos (lab/study.py): Fashion-MNIST
 # from Debian's dataset-fashion-mnist, criteria declared in lab/study_plan.py.
 # It calibrates and prints its estimate first (--estimate_only stops there).
-study: venv
+study: venv fashion-mnist
 	$(PY) -m lab.study --output_dir=bench_results/studies
 
 # The baseline rerun and the ladder (issue 36) at make study's committed
 # scale and LR choice (2,560 images: two halvings), about 50 minutes.
-study-ladder: venv
+study-ladder: venv fashion-mnist
 	$(PY) -m lab.study --studies=baseline,ladder --halvings=2 \
 	    --lr_choice=bench_results/studies/lr_choice.json \
 	    --output_dir=bench_results/studies
@@ -205,14 +221,14 @@ study-ladder: venv
 # Each side's rule for the recipe check (issue 36), chosen on seeds 0 and 1
 # at the same scale: stock Keras's momentum LR; the recipe's LARS peak,
 # zero-init gamma and flip (lab/study_plan.py; about 30 minutes).
-study-recipe-choice: venv
+study-recipe-choice: venv fashion-mnist
 	$(PY) -m lab.study --studies=recipe_choice --halvings=2 \
 	    --lr_choice=bench_results/studies/lr_choice.json \
 	    --output_dir=bench_results/studies
 
 # flags/small_images.cfg against stock Keras at recipe_choice.json's rule,
 # on fresh seeds, at the same scale (about 10 minutes).
-study-recipe: venv
+study-recipe: venv fashion-mnist
 	$(PY) -m lab.study --studies=recipe --halvings=2 \
 	    --lr_choice=bench_results/studies/lr_choice.json \
 	    --output_dir=bench_results/studies
@@ -220,7 +236,7 @@ study-recipe: venv
 # The recipe check again at three times the epochs (issue 36): each side's
 # LR around recipe_choice.json's picks on seeds 0 and 1, then the check on
 # fresh seeds 9-11 at those picks (lab/study_plan.py; about 70 minutes).
-study-recipe-long: venv
+study-recipe-long: venv fashion-mnist
 	$(PY) -m lab.study --studies=recipe_long_choice,recipe_long \
 	    --halvings=2 --output_dir=bench_results/studies
 
@@ -229,7 +245,7 @@ study-recipe-long: venv
 # Keras's momentum with the recipe's input and init, each against
 # recipe_long_choice.json's picks on seeds 0 and 1; then the check on fresh
 # seeds 12-14 (lab/study_plan.py; about 60 minutes).
-study-recipe-revised: venv
+study-recipe-revised: venv fashion-mnist
 	$(PY) -m lab.study --studies=recipe_revised_choice,recipe_revised \
 	    --halvings=2 --output_dir=bench_results/studies
 
@@ -237,14 +253,14 @@ study-recipe-revised: venv
 # step, the revised recipe with mild train crops (min area 0.8, 0.5), each
 # against recipe_revised_choice.json's picks on seeds 0 and 1; then the
 # check on fresh seeds 15-17 (lab/study_plan.py; about 55 minutes).
-study-recipe-crop: venv
+study-recipe-crop: venv fashion-mnist
 	$(PY) -m lab.study --studies=recipe_crop_choice,recipe_crop \
 	    --halvings=2 --output_dir=bench_results/studies
 
 # Study b in the papers' regime (issue 36): the largest batch 2.5 % of the
 # images a step, 30 epochs, LARS against momentum at it, with make study's
 # LR rules (lab/study_plan.py REGIME; measured time in the studies README).
-study-regime: venv
+study-regime: venv fashion-mnist
 	$(PY) -m lab.study --studies=regime \
 	    --lr_choice=bench_results/studies/lr_choice.json \
 	    --output_dir=bench_results/studies

@@ -158,3 +158,10 @@ def test_results_on_real_data_quote_only_what_the_committed_studies_measured():
 
 def tf_version(study: dict) -> str:
   return re.search(r"TensorFlow (\S+),", study["machine"]).group(1)
+
+
+def test_the_code_carries_a_licence_and_readme_names_it():
+  licence = _read("LICENSE")
+  assert licence.split()[:4] == ["Apache", "License", "Version", "2.0,"]
+  assert "END OF TERMS AND CONDITIONS" in licence
+  assert "Apache License 2.0 ([LICENSE](LICENSE))" in _read("README.md")
