@@ -6,16 +6,17 @@ PY := $(VENV)/bin/python
 DEMO_DATA := demo_data
 DEMO_RUN := runs/demo
 
-.PHONY: venv lint test test-tf test-jax bench-gpu bench-gpu-wheels fashion-mnist \
-	test-lab test-tpu-build check-requirements demo bench \
+.PHONY: venv lint test test-tf test-jax constraints bench-gpu bench-gpu-wheels \
+	fashion-mnist test-lab test-tpu-build check-requirements demo bench \
 	bench-collectives bench-cpu-kernels profile-ops accelerator-check study \
 	study-ladder study-recipe-choice study-recipe study-recipe-long \
 	study-recipe-revised study-recipe-crop study-regime clean
 
-$(VENV)/.installed: requirements.txt requirements-dev.txt
+$(VENV)/.installed: requirements.txt requirements-dev.txt constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements.txt -r requirements-dev.txt
+	$(PY) -m pip install --quiet -r requirements.txt -r requirements-dev.txt \
+	    -c constraints.txt
 	touch $@
 
 venv: $(VENV)/.installed
@@ -57,11 +58,29 @@ JAX_PYTHON ?= $(firstword $(shell for p in python3.12 \
 JAX_VENV := .venv-jax
 JAX_PY := $(JAX_VENV)/bin/python
 
-$(JAX_VENV)/.installed: requirements-jax.txt
+$(JAX_VENV)/.installed: requirements-jax.txt constraints-jax.txt
 	$(JAX_PYTHON) -m venv $(JAX_VENV)
 	$(JAX_PY) -m pip install --quiet --upgrade pip
-	$(JAX_PY) -m pip install --quiet -r requirements-jax.txt
+	$(JAX_PY) -m pip install --quiet -r requirements-jax.txt \
+	    -c constraints-jax.txt
 	touch $@
+
+# constraints.txt and constraints-jax.txt: everything the two test
+# environments resolve, pinned (their comment lines kept). Rerun after a
+# requirements pin changes; it installs both afresh, without constraints.
+FRESH := /tmp/resnet-tpu-constraints
+
+constraints:
+	rm -rf $(FRESH) && $(PYTHON) -m venv $(FRESH)
+	$(FRESH)/bin/pip install --quiet -r requirements.txt -r requirements-dev.txt
+	{ grep '^#' constraints.txt; $(FRESH)/bin/pip freeze --exclude-editable \
+	    | sort -f; } > $(FRESH).txt && mv $(FRESH).txt constraints.txt
+	rm -rf $(FRESH) && $(JAX_PYTHON) -m venv $(FRESH)
+	$(FRESH)/bin/pip install --quiet -r requirements-jax.txt
+	{ grep '^#' constraints-jax.txt; $(FRESH)/bin/pip freeze \
+	    --exclude-editable | sort -f; } > $(FRESH).txt && \
+	    mv $(FRESH).txt constraints-jax.txt
+	rm -rf $(FRESH)
 
 test-jax: venv $(JAX_VENV)/.installed
 	$(JAX_PY) --version

@@ -194,3 +194,31 @@ def test_gpu_requirements_pin_every_cuda_wheel_of_the_cuda_extra():
   for package, specifier in declared.items():
     lowest = next(s.version for s in specifier if s.operator == ">=")
     assert gpu[package][0] == lowest, package
+
+
+# make test's environments, pinned whole (issue 50): the requirements files
+# each constraints file resolves.
+CONSTRAINTS = {"constraints.txt": ("requirements.txt", "requirements-dev.txt"),
+               "constraints-jax.txt": ("requirements-jax.txt",)}
+
+
+@pytest.mark.parametrize("constraints,requirements", CONSTRAINTS.items())
+def test_constraints_pin_everything_and_agree_with_the_requirements(
+    constraints, requirements):
+  pinned = wheel_metadata.read_pins(os.path.join(wheel_metadata.REPO,
+                                                 constraints))["pins"]
+  for name in requirements:
+    for package, (version, _) in FILES[name]["pins"].items():
+      assert pinned.get(package, (None,))[0] == version, (
+          f"{constraints} has {package} {pinned.get(package)}, {name} "
+          f"{version}: run make constraints")
+  # The transitive ones that floated before, among them.
+  if constraints == "constraints.txt":
+    assert {"protobuf", "h5py", "ml-dtypes", "grpcio"} <= set(pinned)
+
+
+def test_make_installs_take_the_constraints():
+  with open(os.path.join(wheel_metadata.REPO, "Makefile")) as f:
+    makefile = f.read()
+  for constraints in CONSTRAINTS:
+    assert f"-c {constraints}" in makefile, constraints
