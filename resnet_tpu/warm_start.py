@@ -11,8 +11,11 @@ With another --num_classes the classifier keeps its fresh initialisation.
 The source network is rebuilt from the config.json beside the checkpoint
 and restored completely, then copied layer by layer, in order, into the
 run's network (under any strategy and BN group size: replica-local moving
-statistics get the same values on every replica). A network of another
-depth or layout is refused before start-up, naming both sides.
+statistics get the same values on every replica). A different --bn_epsilon
+is folded into the moving variances, so that variance + epsilon, and the
+network's inference, stay the source's (as keras_weights.py does for Keras's
+epsilon). A network of another depth or layout is refused before start-up,
+naming both sides.
 """
 import dataclasses
 import os
@@ -102,7 +105,26 @@ def copy_weights(source: keras.Model, target: keras.Model) -> list[str]:
           f"{shapes[0]} in the checkpoint ({src.name}).")
     for s, d in zip(src.weights, dst.weights):
       d.assign(tf.cast(s, d.dtype))
+    if isinstance(dst, keras.layers.BatchNormalization):
+      fold_epsilon(src, dst)
   return kept
+
+
+def fold_epsilon(source: keras.layers.BatchNormalization,
+                 target: keras.layers.BatchNormalization) -> None:
+  """Moves the difference of the two layers' epsilons into `target`'s
+  moving variance (already copied from `source`): its inference is then
+  the source's. ConfigError when the variance would not stay positive."""
+  if source.epsilon == target.epsilon:
+    return
+  variance = (target.moving_variance.numpy() + source.epsilon -
+              target.epsilon)
+  if (variance <= 0).any():
+    raise ConfigError(
+        f"{target.name}: --bn_epsilon={target.epsilon} exceeds the "
+        f"checkpoint's {source.epsilon} by more than a moving variance; "
+        "fine-tune with --bn_epsilon at most the checkpoint's.")
+  target.moving_variance.assign(variance)
 
 
 def warm_start(cfg: TrainConfig, target: keras.Model,

@@ -122,3 +122,36 @@ def test_freeze_bn_needs_a_checkpoint_and_its_statistics(tmp_path):
   with pytest.raises(ConfigError, match="--freeze_bn .* --bn_stats=recompute"):
     run_lib.run(_config(tmp_path, freeze_bn=True, bn_stats="recompute",
                         init_checkpoint=str(tmp_path)))
+
+
+def _resnet18(bn_epsilon):
+  from resnet_tpu.config import ModelConfig  # pylint: disable=g-import-not-at-top
+  from resnet_tpu.model.resnet import build_model  # pylint: disable=g-import-not-at-top
+  return build_model(ModelConfig(resnet_depth=18, image_size=32,
+                                 num_classes=4, bn_epsilon=bn_epsilon))
+
+
+def test_another_bn_epsilon_is_folded_into_the_moving_variances():
+  """Warm start keeps the source's inference when --bn_epsilon differs:
+  variance + epsilon is the source's (issue 50)."""
+  source, target = _resnet18(1e-5), _resnet18(1e-3)
+  rng = np.random.RandomState(0)
+  for variable in source.non_trainable_variables:
+    if "moving_variance" in variable.path:  # small: epsilon matters
+      variable.assign(rng.uniform(2e-3, 1e-2, variable.shape))
+  images = rng.uniform(0, 255, (2, 32, 32, 3)).astype(np.float32)
+  warm_start.copy_weights(source, target)
+  np.testing.assert_allclose(target(images, training=False),
+                             source(images, training=False),
+                             rtol=1e-4, atol=1e-5)
+  bn = target.get_layer("stem_bn")
+  np.testing.assert_allclose(
+      bn.moving_variance.numpy(),
+      source.get_layer("stem_bn").moving_variance.numpy() + 1e-5 - 1e-3,
+      rtol=1e-6)
+
+
+def test_an_epsilon_larger_than_a_moving_variance_is_refused():
+  source, target = _resnet18(1e-5), _resnet18(2.0)
+  with pytest.raises(ConfigError, match=r"stem_bn: --bn_epsilon=2.0 exceeds"):
+    warm_start.copy_weights(source, target)
