@@ -23,26 +23,25 @@ label_offset is what the run subtracted from TFRecord labels),
 data_dir of the run had one, `labels_file`: an asset copied from the
 `synsets.txt` of data/build_tfrecords.py (`<class id>\\t<synset>` per line).
 """
-import os
 
 from absl import logging
 import keras
 import tensorflow as tf
 
 from resnet_tpu import config as config_lib
+from resnet_tpu.inputs import class_list
 from resnet_tpu.inputs import preprocessing
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.model.resnet import build_model
 
 # Written by data/build_tfrecords.py next to the TFRecords.
-LABELS_FILE = "synsets.txt"
+LABELS_FILE = class_list.SYNSETS_FILE
 TOP_K = 5
 
 
 def labels_file(data_dir: str) -> str:
   """The synsets.txt of `data_dir` when it exists, else ""."""
-  path = os.path.join(data_dir, LABELS_FILE) if data_dir else ""
-  return path if path and tf.io.gfile.exists(path) else ""
+  return class_list.path(data_dir)
 
 
 def eval_crop_fraction(config: dict) -> float:

@@ -41,6 +41,7 @@ from google.protobuf import message
 
 from resnet_tpu.inputs import record_guards
 from resnet_tpu.inputs import input_pipeline
+from resnet_tpu.inputs import class_list
 from resnet_tpu.inputs import manifest
 from resnet_tpu.inputs import shard_audit
 from resnet_tpu.optim import schedules
@@ -260,6 +261,18 @@ def check_manifest(cfg: TrainConfig, files: DataFiles) -> None:
         + (f"; and {more} more" if more > 0 else "")
         + f". A partial copy? `{verify}` checks every record; copy the "
         "files again, or rebuild them (data/build_tfrecords.py).")
+
+
+def check_classes(cfg: TrainConfig) -> None:
+  """Raises ConfigError when --num_classes is not the number of classes
+  the data's synsets.txt lists (data/build_tfrecords.py writes one); data
+  without one (tensorflow/tpu's imagenet_to_gcs.py) is not checked."""
+  names = class_list.read(cfg.input.data_dir)
+  if names is not None and len(names) != cfg.model.num_classes:
+    raise ConfigError(
+        f"--num_classes={cfg.model.num_classes}, but "
+        f"{class_list.path(cfg.input.data_dir)} lists {len(names)} classes: "
+        f"set --num_classes={len(names)}.")
 
 
 def resolve(cfg: TrainConfig, files: DataFiles | None) -> TrainConfig:

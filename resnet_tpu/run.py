@@ -66,6 +66,7 @@ def run(cfg: TrainConfig, model_fn: ModelFn | None = None,
     files = preflight.find_data_files(cfg.input.data_dir)
     preflight.check_data_dir(cfg, files)
     preflight.check_manifest(cfg, files)
+    preflight.check_classes(cfg)
   cfg = preflight.resolve(cfg, files)
   changes = preflight.check_resume(cfg)
   # Fine-tuning: a run that has no checkpoint yet starts from another's.

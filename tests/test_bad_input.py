@@ -269,3 +269,20 @@ def test_an_unparseable_record_in_a_run_is_counted_in_metrics_naming_it(
            if r["split"] == "train"]
   assert [(r["unusable_examples"], r["examples"]) for r in train] == [(1, 7)]
   assert f"{path}: 1 unusable record(s) in the steps up to 1" in caplog.text
+
+
+def test_num_classes_other_than_the_data_s_class_list_fails_naming_both(
+    tmp_path, before_startup):
+  """A forgotten --num_classes (issue 50: 10 on 4-class data trained with
+  rc 0) stops before start-up, naming both numbers."""
+  for split in ("train", "validation"):
+    _write(tmp_path / f"{split}-00000-of-00001",
+           [imagenet_to_gcs_record(1, _jpeg())])
+  (tmp_path / "synsets.txt").write_text(
+      "".join(f"{i}\tclass_{i}\n" for i in range(4)))
+  with pytest.raises(ConfigError, match=r"--num_classes=10, but \S*synsets"
+                     r"\.txt lists 4 classes: set --num_classes=4"):
+    run_lib.run(_config(tmp_path, tmp_path))
+  # The same data with its class count passes the check.
+  from resnet_tpu import preflight  # pylint: disable=g-import-not-at-top
+  preflight.check_classes(_config(tmp_path, tmp_path, num_classes=4))
