@@ -189,3 +189,28 @@ def test_predict_prints_the_top_5_with_class_names(trained, tmp_path):
     assert f"1. {top[0]['name']}" in result.stdout
   with pytest.raises(ValueError, match="does not exist"):
     predict.image_paths([str(tmp_path / "missing.jpg")])
+
+
+def test_predict_takes_every_format_training_takes(trained, tmp_path):
+  """PNG, BMP and GIF, by name and in a folder, score as training's
+  records hold them: re-encoded to JPEG as build_tfrecords does (issue 50:
+  a PNG was 'not classified: Graph execution error')."""
+  from data.build_tfrecords import to_rgb_jpeg
+  from tools import predict
+  from PIL import Image  # matplotlib's dependency
+  image = np.random.default_rng(0).integers(0, 256, (40, 40, 3),
+                                            dtype=np.uint8)
+  for name in ("photo.bmp", "photo.gif", "photo.png"):
+    Image.fromarray(image).save(tmp_path / name)
+  served = evaluate.served_export(trained.run.export_dir)
+  results = predict.predict(served, predict.image_paths([str(tmp_path)]))
+  assert [os.path.basename(r["path"]) for r in results] == [
+      "photo.bmp", "photo.gif", "photo.png"]
+  for result in results:
+    assert "top" in result, result
+    with open(result["path"], "rb") as f:
+      want = served.serve_jpeg(image_bytes=tf.constant(
+          [to_rgb_jpeg(f.read())[0]]))["probabilities"].numpy()[0]
+    top = result["top"][0]
+    assert top["class"] == int(np.argmax(want))
+    assert top["probability"] == pytest.approx(float(np.max(want)), rel=1e-5)

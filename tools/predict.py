@@ -1,15 +1,18 @@
-"""The top classes of JPEG photos under a trained network.
+"""The top classes of photos under a trained network.
 
   python -m tools.predict --saved_model=E photo.jpg [more.jpg folder/ ...] \
       [--top_k=5] [--json_output=predictions.json]
   python -m tools.predict --model_dir=M [--checkpoint=C] photo.jpg ...
 
-Each JPEG goes through the export's `serve_jpeg`: the eval preprocessing of
-training (the run's centre crop), so a photo scores as the in-training
-evaluation would score it. A folder stands for the .jpg/.jpeg files in it
-(not its subfolders), sorted. Class names come from the run's synsets.txt
-(tools/evaluate.class_names). A file that does not decode as a JPEG is named
-with its error and counted; the others are still classified.
+Every format training takes (data/build_tfrecords.IMAGE_EXTENSIONS: JPEG,
+PNG, BMP, GIF) is read as training's records hold it: an RGB JPEG, others
+re-encoded to JPEG exactly as build_tfrecords does (to_rgb_jpeg). Each then
+goes through the export's `serve_jpeg`: the eval preprocessing of training
+(the run's centre crop), so a photo scores as the in-training evaluation
+would score it. A folder stands for the images in it (not its subfolders),
+sorted. Class names come from the run's synsets.txt
+(tools/evaluate.class_names). A file that does not decode is named with its
+error and counted; the others are still classified.
 """
 import json
 import os
@@ -24,30 +27,32 @@ import tensorflow as tf
 if not __package__:  # run as a file: the repository's root on the path
   sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))
 
+from data.build_tfrecords import IMAGE_EXTENSIONS
+from data.build_tfrecords import to_rgb_jpeg
 from tools import evaluate
 
 FLAGS = flags.FLAGS
-JPEG_EXTENSIONS = (".jpg", ".jpeg")
 BATCH = 32
 
 
 def image_paths(inputs: list[str]) -> list[str]:
-  """Files as given, folders as their JPEG files; ValueError names a path
-  that does not exist or a folder without JPEGs."""
+  """Files as given, folders as their image files; ValueError names a path
+  that does not exist or a folder without images."""
   paths = []
   for item in inputs:
     if tf.io.gfile.isdir(item):
       found = sorted(os.path.join(item, n) for n in tf.io.gfile.listdir(item)
-                     if n.lower().endswith(JPEG_EXTENSIONS))
+                     if n.lower().endswith(IMAGE_EXTENSIONS))
       if not found:
-        raise ValueError(f"{item} holds no .jpg or .jpeg file.")
+        raise ValueError(f"{item} holds no image ({', '.join(IMAGE_EXTENSIONS)}"
+                         ").")
       paths += found
     elif tf.io.gfile.exists(item):
       paths.append(item)
     else:
       raise ValueError(f"{item} does not exist.")
   if not paths:
-    raise ValueError("Name at least one JPEG file or folder of them.")
+    raise ValueError("Name at least one image file or folder of them.")
   return paths
 
 
@@ -66,6 +71,15 @@ def _one(served: evaluate.Served, data: bytes) -> np.ndarray | str:
     return str(error).strip().splitlines()[0]
 
 
+def as_training_jpeg(data: bytes) -> bytes:
+  """`data` as training's records hold it (build_tfrecords.to_rgb_jpeg);
+  undecodable data unchanged, for serve_jpeg to name its error."""
+  try:
+    return to_rgb_jpeg(data)[0]
+  except tf.errors.InvalidArgumentError:
+    return data
+
+
 def predict(served: evaluate.Served, paths: list[str],
             top_k: int = 5) -> list[dict]:
   """For each path: {"path", "top": [{"class", "name", "probability"}]},
@@ -73,7 +87,8 @@ def predict(served: evaluate.Served, paths: list[str],
   results = []
   for start in range(0, len(paths), BATCH):
     chunk = paths[start:start + BATCH]
-    data = [tf.io.gfile.GFile(p, "rb").read() for p in chunk]
+    data = [as_training_jpeg(tf.io.gfile.GFile(p, "rb").read())
+            for p in chunk]
     try:
       outcomes = list(served.serve_jpeg(image_bytes=tf.constant(data))
                       ["probabilities"].numpy())
