@@ -32,6 +32,12 @@ split's, so that a truncated copy is caught before training starts.
   python -m data.build_tfrecords --input_dir=imagenet/val \
       --labels_file=synset_labels.txt --output_dir=tfrecords \
       --split=validation --num_shards=128
+
+One class-folder tree of your own becomes both splits with
+--validation_fraction: each class holds that fraction out for validation
+(stratified, seeded with --seed), e.g.
+  python -m data.build_tfrecords --input_dir=my_photos --output_dir=tfrecords \
+      --split=train --num_shards=8 --validation_fraction=0.1
 """
 import concurrent.futures
 import dataclasses
@@ -258,18 +264,46 @@ def _write_shard(output_path: str, items: list[tuple[str, str]],
   return skipped, stored, reencoded
 
 
+def split_validation(items: list[tuple[str, str]], fraction: float,
+                     seed: int = 0) -> tuple[list[tuple[str, str]],
+                                             list[tuple[str, str]]]:
+  """(train, validation) of (path, synset) `items`, stratified: each class
+  gives round(fraction * its images), at least 1, to validation, chosen by
+  a shuffle seeded with `seed` and the class; each keeps one for training.
+  ValueError names --validation_fraction or the class that cannot give."""
+  if not 0.0 < fraction < 1.0:
+    raise ValueError(f"--validation_fraction must be in (0, 1), got "
+                     f"{fraction}")
+  by_class: dict[str, list[tuple[str, str]]] = {}
+  for item in sorted(items):
+    by_class.setdefault(item[1], []).append(item)
+  train, validation = [], []
+  for synset, members in sorted(by_class.items()):
+    if len(members) < 2:
+      raise ValueError(f"class {synset} has {len(members)} image: "
+                       "--validation_fraction needs at least 2 a class")
+    random.Random(f"{seed}/{synset}").shuffle(members)
+    held_out = min(max(1, round(fraction * len(members))), len(members) - 1)
+    validation += members[:held_out]
+    train += members[held_out:]
+  return train, validation
+
+
 def build(input_dir: str, output_dir: str, split: str, num_shards: int,
           labels_file: str | None = None, num_workers: int = 4,
           seed: int = 0, progressive_to_baseline: bool = False,
-          jpeg_quality: int = JPEG_QUALITY) -> BuildReport:
-  """Writes `split`-%05d-of-%05d TFRecords of the images of `input_dir`."""
+          jpeg_quality: int = JPEG_QUALITY,
+          items: list[tuple[str, str]] | None = None) -> BuildReport:
+  """Writes `split`-%05d-of-%05d TFRecords of the images of `input_dir`
+  (or of `items`, (path, synset) pairs, when given)."""
   if split not in SPLITS:
     raise ValueError(f"--split must be one of {SPLITS}, got {split!r}")
   if num_workers < 1:
     raise ValueError(f"--num_workers must be >= 1, got {num_workers}")
   if not 1 <= jpeg_quality <= 100:
     raise ValueError(f"--jpeg_quality must be in [1, 100], got {jpeg_quality}")
-  items = list_images(input_dir, labels_file)
+  items = list(items) if items is not None else list_images(input_dir,
+                                                            labels_file)
   if not 1 <= num_shards <= len(items):
     raise ValueError("--num_shards must be between 1 and the number of "
                      f"images ({len(items)}), got {num_shards}")
@@ -337,15 +371,49 @@ def define_flags() -> None:
   flags.DEFINE_integer("jpeg_quality", JPEG_QUALITY,
                        "Quality of re-encoded images (PNG, CMYK, grayscale; "
                        "progressive with --progressive_to_baseline).")
+  flags.DEFINE_float("validation_fraction", 0.0,
+                     "With --split=train and class folders: hold this "
+                     "fraction of each class out as the validation split "
+                     "(stratified, seeded with --seed) and write both.")
+  flags.DEFINE_integer("validation_shards", 0, "Files of that validation "
+                       "split (0: --num_shards times the fraction, at "
+                       "least 1).")
   flags.mark_flags_as_required(["input_dir", "output_dir", "split",
                                 "num_shards"])
 
 
+def build_with_validation(input_dir: str, output_dir: str, num_shards: int,
+                          fraction: float, validation_shards: int = 0,
+                          seed: int = 0, **options
+                          ) -> tuple[BuildReport, BuildReport]:
+  """Both splits from one class-folder tree (split_validation); `options`:
+  build's other arguments."""
+  train, validation = split_validation(list_images(input_dir), fraction,
+                                       seed)
+  shards = validation_shards or max(1, round(num_shards * fraction))
+  return (build(input_dir, output_dir, "train", num_shards, seed=seed,
+                items=train, **options),
+          build(input_dir, output_dir, "validation", min(shards,
+                                                         len(validation)),
+                seed=seed, items=validation, **options))
+
+
 def main(argv: list[str]) -> None:
   del argv
+  options = dict(num_workers=FLAGS.num_workers,
+                 progressive_to_baseline=FLAGS.progressive_to_baseline,
+                 jpeg_quality=FLAGS.jpeg_quality)
+  if FLAGS.validation_fraction:
+    if FLAGS.split != "train" or FLAGS.labels_file:
+      raise app.UsageError("--validation_fraction splits one class-folder "
+                           "tree given with --split=train (no "
+                           "--labels_file).")
+    build_with_validation(FLAGS.input_dir, FLAGS.output_dir,
+                          FLAGS.num_shards, FLAGS.validation_fraction,
+                          FLAGS.validation_shards, FLAGS.seed, **options)
+    return
   build(FLAGS.input_dir, FLAGS.output_dir, FLAGS.split, FLAGS.num_shards,
-        FLAGS.labels_file, FLAGS.num_workers, FLAGS.seed,
-        FLAGS.progressive_to_baseline, FLAGS.jpeg_quality)
+        FLAGS.labels_file, seed=FLAGS.seed, **options)
 
 
 if __name__ == "__main__":

@@ -298,3 +298,38 @@ def test_command_lines_make_synthetic_then_build_then_count(tmp_path):
       "--num_shards=2", "--num_workers=2")
   assert input_pipeline.count_examples(input_pipeline.split_files(
       str(tmp_path / "records"), "train")) == 12
+
+
+def test_one_tree_splits_into_stratified_seeded_train_and_validation(
+    tmp_path):
+  """--validation_fraction (issue 50): each class holds its share out, the
+  same images for the same seed, and the two splits share one class map
+  and manifest."""
+  tree = class_folders(tmp_path / "images", per_class=10)
+  out = str(tmp_path / "records")
+  train, validation = build_tfrecords.build_with_validation(
+      tree, out, num_shards=3, fraction=0.2, seed=7)
+  assert (train.num_written, validation.num_written) == (24, 6)
+  held_out = {r["image/filename"]: r["image/class/synset"].decode()
+              for r in read_records(input_pipeline.split_files(
+                  out, "validation"))}
+  trained = {r["image/filename"] for r in read_records(
+      input_pipeline.split_files(out, "train"))}
+  assert not set(held_out) & trained
+  assert sorted(held_out.values()) == sorted(sorted(GREY) * 2)  # 2 a class
+  listed = manifest.read(out)
+  assert [sum(e.records for e in listed[split].values())
+          for split in ("train", "validation")] == [24, 6]
+  again, other = ([p for p, _ in build_tfrecords.split_validation(
+      build_tfrecords.list_images(tree), 0.2, seed)[1]] for seed in (7, 8))
+  assert {os.path.basename(p).encode() for p in again} == set(held_out)
+  assert again != other
+
+
+def test_a_validation_fraction_that_cannot_split_is_named(tmp_path):
+  tree = class_folders(tmp_path / "images", per_class=1)
+  items = build_tfrecords.list_images(tree)
+  with pytest.raises(ValueError, match="at least 2 a class"):
+    build_tfrecords.split_validation(items, 0.5)
+  with pytest.raises(ValueError, match=r"--validation_fraction must be in"):
+    build_tfrecords.split_validation(items, 1.0)
