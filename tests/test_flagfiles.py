@@ -285,3 +285,23 @@ def test_mikami_lr_does_not_jump_at_the_batch_size_switch():
     optimizer.iterations.assign(step)
     lrs.append(float(optimizer.learning_rate))
   assert lrs[1] == pytest.approx(lrs[0], rel=0.01)
+
+
+@pytest.mark.parametrize("images", [500, 5_000, 50_000])
+def test_the_fine_tune_flagfile_warms_up_and_decays_within_the_run(images):
+  """flags/finetune.cfg on a folder of a few hundred to tens of thousands
+  of images: the pre-flight has nothing to warn of, the LR peaks after one
+  epoch and reaches 0 at the end (issue 50: the README's old command
+  inherited gpu_8x.cfg's step decays at epochs 30/60/80)."""
+  cfg = parse_flagfile(os.path.join(FLAGS_DIR, "finetune.cfg")).replace(
+      num_train_images=images)
+  assert preflight.schedule_warnings(cfg) == []
+  optimizer = build_optimizer_from_config(cfg.optim, cfg.run)
+  steps = cfg.run.total_train_steps
+  peak = 0.01 * 256 / 256
+  for step, expected in ((0, 0.0),
+                         (cfg.run.clock.steps_for_epochs(1), peak),
+                         (steps, 0.0)):
+    optimizer.iterations.assign(step)
+    assert float(optimizer.learning_rate) == pytest.approx(
+        expected, rel=1e-2, abs=1e-6), step
