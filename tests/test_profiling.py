@@ -54,3 +54,25 @@ def test_the_profile_spans_the_host_loops_of_the_steps(monkeypatch):
 def test_a_bad_profile_range_is_named(tmp_path, value):
   with pytest.raises(ConfigError, match="--profile_steps must be"):
     config_lib.validate(_config(tmp_path, profile_steps=value))
+
+
+def test_host_loops_end_at_the_profile_range_s_edges(tmp_path, monkeypatch):
+  """--profile_steps=3,5 with the shipped flagfiles' 1,251-step loops
+  records steps 3 to 5, not the compile loop and a whole epoch (issue
+  50)."""
+  events = []
+  monkeypatch.setattr("tensorflow.profiler.experimental.start",
+                      lambda logdir: events.append("start"))
+  monkeypatch.setattr("tensorflow.profiler.experimental.stop",
+                      lambda: events.append("stop"))
+  cfg = _config(tmp_path, profile_steps="3,5", train_steps=8,
+                steps_per_loop=1251)
+
+  def loop_ended(record):
+    events.append(record["step"])
+
+  run_lib.run(cfg, model_fn=tiny_resnet, loop_callback=loop_ended)
+  # A loop's record is written after it ends (and after the profile stops).
+  assert events == [2, "start", "stop", 5, 8]
+  assert StepProfiler((3, 5), "/m").loop_limit(5) is None
+  assert StepProfiler(None, "/m").loop_limit(0) is None

@@ -1,9 +1,10 @@
 """--profile_steps: a TensorBoard profile of chosen training steps.
 
 TPU users tune input-bound steps in TensorBoard's Profile tab (trace viewer,
-input-pipeline analysis). The profiler starts before the host loop that
-runs the first step of the range and stops after the loop that runs its
-last, so the profile holds whole host loops (--steps_per_loop steps each).
+input-pipeline analysis). Host loops end at the range's edges (`loop_limit`,
+whatever --steps_per_loop is: the shipped flagfiles run 1,251 steps a loop),
+the profiler starts before the loop that runs the range's first step and
+stops after the loop that runs its last, so it records exactly those steps.
 It writes `<model_dir>/plugins/profile/<date>/<host>.xplane.pb`, which
 `tensorboard --logdir <model_dir>` shows with tensorboard-plugin-profile.
 """
@@ -17,6 +18,15 @@ class StepProfiler:
   def __init__(self, steps: tuple[int, int] | None, logdir: str):
     self.steps, self.logdir = steps, logdir
     self.running = False
+
+  def loop_limit(self, step: int) -> int | None:
+    """The most steps the host loop after `step` may run so that it ends
+    at an edge of the range (before its first step, at its last); None
+    past the range or without one."""
+    if not self.steps:
+      return None
+    edges = [e for e in (self.steps[0] - 1, self.steps[1]) if e > step]
+    return min(edges) - step if edges else None
 
   def before_loop(self, step: int, num_steps: int) -> None:
     """Called before a host loop running steps step+1 .. step+num_steps."""

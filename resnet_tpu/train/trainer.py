@@ -251,7 +251,8 @@ class Trainer:
     while step < total:
       next_phase = min([s for s in phase_starts if s > step] + [total])
       n = min(cfg.run.steps_per_loop, next_phase - step,
-              eval_every - step % eval_every, ckpt_every - step % ckpt_every)
+              eval_every - step % eval_every, ckpt_every - step % ckpt_every,
+              self.profiler.loop_limit(step) or total)
       micro_batches = self.accumulation_steps(step)
       self.profiler.before_loop(step, n)
       t0 = time.time()
