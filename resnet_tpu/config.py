@@ -63,7 +63,7 @@ FREE_ON_RESUME = frozenset({
     "keep_host_memory", "collective_timeout_s", "cpu_onednn",
     "eval_batch_size", "num_eval_images", "steps_per_loop",
     "eval_every_steps", "checkpoint_every_steps", "checkpoint_every_minutes",
-    "keep_checkpoints", "export_dir", "skip_nonfinite_steps",
+    "max_loop_seconds", "keep_checkpoints", "export_dir", "skip_nonfinite_steps",
     "allow_config_change", "profile_steps", "init_checkpoint"})
 
 
@@ -181,6 +181,7 @@ class RunConfig:
   eval_every_steps: int = 0
   checkpoint_every_steps: int = 0
   checkpoint_every_minutes: float = 10.0
+  max_loop_seconds: float = 0.0
   keep_checkpoints: int = 5
   batch_size_schedule: str = ""
   seed: int = 0
@@ -346,6 +347,7 @@ RANGES: dict[str, Range] = {
     "eval_every_steps": _NON_NEGATIVE,
     "checkpoint_every_steps": _NON_NEGATIVE,
     "checkpoint_every_minutes": _NON_NEGATIVE,
+    "max_loop_seconds": _NON_NEGATIVE,
     "keep_checkpoints": _AT_LEAST_1,
     "base_learning_rate": _POSITIVE,
     "warmup_epochs": _NON_NEGATIVE,
@@ -461,6 +463,11 @@ def validate(cfg: TrainConfig, num_replicas: int | None = None) -> None:
   _check(not (cfg.model.freeze_bn and cfg.model.bn_stats == "recompute"),
          "--freeze_bn keeps the checkpoint's BN statistics; "
          "--bn_stats=recompute would replace them: use moving_average.")
+  _check(not (run.max_loop_seconds and dist.strategy == "multi_worker"),
+         "--max_loop_seconds times each host's loops apart; workers would "
+         "run loops of different lengths: use it on one host, and a "
+         "--steps_per_loop that meets the grace period with "
+         "--strategy=multi_worker.")
   _check(not (optim.skip_nonfinite_steps and run.batch_size_schedule),
          "--skip_nonfinite_steps does not support --batch_size_schedule "
          "(gradient accumulation); a NaN/Inf loss there stops training.")

@@ -93,6 +93,11 @@ HELP = {
     "steps_per_loop": "Training steps per host call (TPU host loop).",
     "eval_every_steps": "Evaluate every N steps; 0 = only at the end.",
     "checkpoint_every_steps": "Checkpoint every N steps; 0 = at each eval.",
+    "max_loop_seconds": "Cap each host loop at about this many seconds "
+                        "(from the last loop's pace; the first runs one "
+                        "step), so SIGTERM is answered within that and a "
+                        "save: for spot machines with a grace period. "
+                        "0 = --steps_per_loop alone. One host only.",
     "checkpoint_every_minutes": "Also checkpoint once this many minutes "
                                 "have passed since the last save, after the "
                                 "host loop in flight; 0 = off.",

@@ -425,3 +425,36 @@ def test_checkpoint_every_minutes_0_saves_only_on_the_step_cadence(tmp_path):
   trainer.fit(_dataset_fn(images, labels))
   assert [f for f in os.listdir(tmp_path) if f.endswith(".index")] == [
       "ckpt-6.index"]
+
+
+def test_sigterm_is_answered_within_max_loop_seconds_whatever_the_loop(
+    tmp_path):
+  """Spot machines (issue 50): with --steps_per_loop=100000 and
+  --max_loop_seconds=1, the checkpoint is written within a few seconds of
+  SIGTERM (measured: the seconds from the signal to the saved checkpoint
+  and to the exit), not after 100,000 steps."""
+  model_dir, log_path = tmp_path / "run", tmp_path / "run.log"
+  flags = [f for f in MAIN_FLAGS if not f.startswith("--steps_per_loop")]
+  env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
+  with open(log_path, "w") as log:
+    process = subprocess.Popen(
+        [sys.executable, "main.py", f"--model_dir={model_dir}", *flags,
+         "--steps_per_loop=100000", "--max_loop_seconds=1"],
+        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+  try:
+    _wait_for_step_above(log_path, 3, process,
+                         time.time() + STARTUP_TIMEOUT_S)
+    sent = time.time()
+    process.send_signal(signal.SIGTERM)
+    code = process.wait(timeout=60)  # a 100,000-step loop would not end
+    exited = time.time() - sent
+  finally:
+    if process.poll() is None:
+      process.kill()
+      process.wait()
+  text = log_path.read_text()
+  assert code == preemption.PREEMPTED_EXIT_CODE, text[-3000:]
+  checkpoint = tf.train.latest_checkpoint(model_dir)
+  saved = os.path.getmtime(checkpoint + ".index") - sent
+  assert 0 < saved < 10, (saved, text[-2000:])
+  assert exited < 20, exited

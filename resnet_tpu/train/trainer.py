@@ -248,16 +248,19 @@ class Trainer:
     phase_starts = self.clock.phase_start_steps()
     self.save_timer.restart()
     stalled_loops = 0
+    seconds_per_step = None  # the pace of the last loop (--max_loop_seconds)
     while step < total:
       next_phase = min([s for s in phase_starts if s > step] + [total])
       n = min(cfg.run.steps_per_loop, next_phase - step,
               eval_every - step % eval_every, ckpt_every - step % ckpt_every,
-              self.profiler.loop_limit(step) or total)
+              self.profiler.loop_limit(step) or total,
+              self._timed_loop_limit(seconds_per_step) or total)
       micro_batches = self.accumulation_steps(step)
       self.profiler.before_loop(step, n)
       t0 = time.time()
       result = self._host_loop(train_iter, n, micro_batches)
       seconds = time.time() - t0
+      seconds_per_step = seconds / n
       self.profiler.after_loop(step + n)
       loop_report.check_finite(result, step, n,
                                self.replica_step.skips_nonfinite_steps,
@@ -289,6 +292,16 @@ class Trainer:
             "the same command again to resume; exit code "
             f"{preemption.PREEMPTED_EXIT_CODE}.")
     return last
+
+  def _timed_loop_limit(self, seconds_per_step: float | None) -> int | None:
+    """--max_loop_seconds: the steps that fit in it at the last loop's pace
+    (1 before any loop: it compiles), at least 1; None when off."""
+    limit = self.cfg.run.max_loop_seconds
+    if not limit:
+      return None
+    if seconds_per_step is None:
+      return 1
+    return max(1, int(limit / seconds_per_step))
 
   def _loss_scale_at_floor(self) -> bool:
     """float16: whether the loss scale is 1 (skipped steps no longer lower
