@@ -214,3 +214,33 @@ def test_predict_takes_every_format_training_takes(trained, tmp_path):
     top = result["top"][0]
     assert top["class"] == int(np.argmax(want))
     assert top["probability"] == pytest.approx(float(np.max(want)), rel=1e-5)
+
+
+def test_the_readme_s_serving_request_reaches_serve_jpeg(trained, tmp_path):
+  """The body tools.serving_request writes, decoded as TensorFlow
+  Serving's REST API decodes it ({"b64": ...} -> bytes, one instance a
+  row), through the loaded SavedModel's serve_jpeg: the photo's
+  prediction (issue 50)."""
+  import base64  # pylint: disable=g-import-not-at-top
+  from tools import predict  # pylint: disable=g-import-not-at-top
+  from PIL import Image  # matplotlib's dependency
+  photo = tmp_path / "photo.png"
+  Image.fromarray(np.random.default_rng(1).integers(
+      0, 256, (40, 40, 3), dtype=np.uint8)).save(photo)
+  request = tmp_path / "request.json"
+  with open(request, "w") as f:
+    subprocess.run([sys.executable, "-m", "tools.serving_request",
+                    str(photo)], cwd=REPO, stdout=f, check=True, timeout=120)
+  body = json.loads(request.read_text())
+  loaded = tf.saved_model.load(trained.run.export_dir)
+  signature = loaded.signatures[body["signature_name"]]
+  (name, spec), = signature.structured_input_signature[1].items()
+  rows = [base64.b64decode(instance[name]["b64"])
+          for instance in body["instances"]]
+  assert spec.dtype == tf.string and len(rows) == 1
+  response = signature(**{name: tf.constant(rows)})
+  served = evaluate.served_export(trained.run.export_dir)
+  want = predict.predict(served, [str(photo)])[0]["top"][0]
+  assert int(response["top5_classes"][0, 0]) == want["class"]
+  assert float(tf.reduce_max(response["probabilities"][0])) == (
+      pytest.approx(want["probability"], rel=1e-5))
