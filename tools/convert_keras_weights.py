@@ -19,6 +19,7 @@ tools.evaluate and tools.export_savedmodel read it as they read a run.
 """
 import os
 import sys
+
 from absl import app
 from absl import flags
 from absl import logging

@@ -6,9 +6,9 @@
 The network comes from <model_dir>/config.json; the checkpoint is the latest
 of --model_dir unless --checkpoint names one.
 """
-
 import os
 import sys
+
 from absl import app
 from absl import flags
 
