@@ -7,6 +7,7 @@ import numpy as np
 from resnet_tpu.clock import EpochClock
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.model import resnet
+from resnet_tpu.optim.optimizers import build_optimizer
 
 REPLICAS = 8
 PER_REPLICA = 4
@@ -108,3 +109,18 @@ def optimizer_data(seed: int = 1):
             for name, shape in OPTIMIZER_VARIABLES}
            for _ in range(OPTIMIZER_STEPS)]
   return initial, grads
+
+
+def optimizer_case(case: str):
+  """(variables at their initial values, the optimizer of `case`, the
+  gradients of each step). The variables' paths are the names above: LARS
+  decides its adaptation from them."""
+  initial, grads = optimizer_data()
+  variables = [keras.Variable(initial[name], name=name.split("/")[1])
+               for name, _ in OPTIMIZER_VARIABLES]
+  for variable, (name, _) in zip(variables, OPTIMIZER_VARIABLES):
+    variable._path = name
+  optimizer = build_optimizer(
+      optimizer_name(case), OPTIMIZER_LEARNING_RATE,
+      clock=optimizer_clock(), **OPTIMIZERS[case])
+  return variables, optimizer, grads

@@ -22,7 +22,6 @@ import functools
 import os
 
 import jax
-import keras
 import numpy as np
 import pytest
 
@@ -100,14 +99,8 @@ def test_group_sizes_change_the_step(tf_reference):
 @pytest.mark.parametrize("case", sorted(cases.OPTIMIZERS))
 def test_optimizer_updates_equal_tensorflow(tf_reference, case):
   reference = np.load(os.path.join(tf_reference, f"{case}.npz"))
-  initial, grads = cases.optimizer_data()
-  variables = [keras.Variable(initial[name], name=name.split("/")[1])
-               for name, _ in cases.OPTIMIZER_VARIABLES]
-  for variable, (name, _) in zip(variables, cases.OPTIMIZER_VARIABLES):
-    variable._path = name
-  optimizer = build_optimizer(
-      cases.optimizer_name(case), cases.OPTIMIZER_LEARNING_RATE,
-      clock=cases.optimizer_clock(), **cases.OPTIMIZERS[case])
+  initial, _ = cases.optimizer_data()
+  variables, optimizer, grads = cases.optimizer_case(case)
   for k, step_grads in enumerate(grads):
     optimizer.apply([step_grads[name]
                      for name, _ in cases.OPTIMIZER_VARIABLES], variables)

@@ -77,15 +77,7 @@ def step(precision: str, group_size: int) -> dict[str, np.ndarray]:
 
 def optimizer_updates(case: str) -> dict[str, np.ndarray]:
   """Three updates of `case` from engine_cases.optimizer_data."""
-  initial, grads = cases.optimizer_data()
-  variables = [keras.Variable(initial[name], name=name.split("/")[1])
-               for name, _ in cases.OPTIMIZER_VARIABLES]
-  # Paths as the names say (LARS decides adaptation from them).
-  for variable, (name, _) in zip(variables, cases.OPTIMIZER_VARIABLES):
-    variable._path = name
-  optimizer = build_optimizer(
-      cases.optimizer_name(case), cases.OPTIMIZER_LEARNING_RATE,
-      clock=cases.optimizer_clock(), **cases.OPTIMIZERS[case])
+  variables, optimizer, grads = cases.optimizer_case(case)
   out = {}
   for k, step_grads in enumerate(grads):
     optimizer.apply([tf.constant(step_grads[name])

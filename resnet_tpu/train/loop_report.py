@@ -27,10 +27,12 @@ class NonFiniteLossError(RuntimeError):
   """The loss or the gradients were NaN/Inf; no checkpoint was written."""
 
 
-def stalled(result: LoopResult, num_steps: int, scale_at_floor: bool) -> bool:
+def stalled(result: LoopResult, num_steps: int,
+            scale_at_floor: Callable[[], bool]) -> bool:
   """Whether a host loop of `num_steps` made no progress: every step was
-  skipped, and (float16) the loss scale is at its floor of 1."""
-  return result.nonfinite_steps >= num_steps and scale_at_floor
+  skipped, and (float16) the loss scale is at its floor of 1
+  (`scale_at_floor` is asked only then)."""
+  return result.nonfinite_steps >= num_steps and scale_at_floor()
 
 
 def check_progress(stalled_loops: int, step: int,

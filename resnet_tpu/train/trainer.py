@@ -266,7 +266,7 @@ class Trainer:
                                self.replica_step.skips_nonfinite_steps,
                                self.checkpoints.latest)
       stalled_loops = stalled_loops + 1 if loop_report.stalled(
-          result, n, self._loss_scale_at_floor()) else 0
+          result, n, self._loss_scale_at_floor) else 0
       step = self.step
       last = self._log_train(result, n * micro_batches, seconds, step,
                              start_step, total)
