@@ -20,14 +20,15 @@ WHEELS = wheel_metadata.load()
 TENSORFLOWS = ("tensorflow", "tensorflow-cpu", "tensorflow-tpu",
                "tensorflow-intel")
 # One file per target, each with its TensorFlow; add-ons are installed
-# beside the targets named here and pin no TensorFlow.
-TARGETS = ("requirements-gpu.txt", "requirements-tpu.txt", "requirements.txt")
+# beside the targets named here and pin no TensorFlow. The JAX suite's
+# environment (.venv-jax) is a target: JAX, and TensorFlow for tf.data.
+TARGETS = ("requirements-gpu.txt", "requirements-tpu.txt", "requirements.txt",
+           "requirements-jax.txt")
 ADD_ONS = {"requirements-dev.txt": ("requirements.txt",
                                     "requirements-tpu.txt"),
            "requirements-lint.txt": (),
-           # Environments of their own: the JAX suite (.venv-jax) and what
-           # the GPU bench carries beside the H200 image's JAX and torch.
-           "requirements-jax.txt": (),
+           # An environment of its own: what the GPU bench carries beside
+           # the H200 image's JAX and torch.
            "requirements-bench-gpu.txt": (),
            "requirements-tpu-pod.txt": ("requirements-tpu.txt",)}
 
