@@ -7,6 +7,8 @@ Exit codes: 0 done, 42 preempted (SIGTERM; a checkpoint was written, run the
 same command to resume), 43 another worker was lost (restart all workers),
 1 any error (a user error, or storage that fails while writing, prints one
 line without a traceback).
+--backend (or KERAS_BACKEND) chooses Keras's engine: tensorflow
+(resnet_tpu/run.py) or jax (resnet_tpu/run_jax.py).
 
 TensorFlow loads only after `set_up_process` has decided the strategy kind
 and chosen its C++ log level, CPU kernels and TPU runtime
@@ -50,6 +52,10 @@ def main(argv: list[str], model_fn=None) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   try:
+    backend = process_setup.choose_backend(FLAGS.backend)
+    logging.info("Engine: Keras on %s (--backend=%s)", backend, FLAGS.backend)
+    if backend == "jax":
+      return main_jax()
     kind, chosen = set_up_process()
   except ConfigError as error:
     sys.exit(f"main.py: error: {error}")
@@ -68,6 +74,30 @@ def main(argv: list[str], model_fn=None) -> None:
   cfg = resnet_flags.config_from_flags(FLAGS).replace(strategy=kind)
   try:
     result = run(cfg, model_fn=model_fn)
+  except (ConfigError, StorageError) as error:  # one line, no traceback
+    sys.exit(f"main.py: error: {error}")
+  except preemption.Restartable as stop:
+    logging.warning("%s", stop)
+    sys.exit(stop.exit_code)
+  logging.info("Final: %s", result)
+
+
+def main_jax() -> None:
+  """Trains the flags' TrainConfig on the JAX engine (run_jax.py)."""
+  try:
+    process_setup.require_tensorflow_for_jax()
+  except ConfigError as error:
+    sys.exit(f"main.py: error: {error}")
+  devices = process_setup.jax_platform(FLAGS.strategy, FLAGS.num_cpu_replicas)
+  logging.info("JAX devices: %s (--strategy=%s)", devices, FLAGS.strategy)
+  # pylint: disable=g-import-not-at-top  (after the engine's environment)
+  from resnet_tpu import run_jax
+  from resnet_tpu.train import preemption
+  from resnet_tpu.train.storage import StorageError
+  # pylint: enable=g-import-not-at-top
+  cfg = resnet_flags.config_from_flags(FLAGS).replace(backend="jax")
+  try:
+    result = run_jax.run(cfg)
   except (ConfigError, StorageError) as error:  # one line, no traceback
     sys.exit(f"main.py: error: {error}")
   except preemption.Restartable as stop:

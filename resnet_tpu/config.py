@@ -25,6 +25,8 @@ INPUT_NORMALIZATIONS = ("imagenet", "unit", "caffe")
 PRECISIONS = ("float32", "bfloat16", "float16")
 BFLOAT16_CONV_KERNELS = ("auto", "native", "float32")
 STRATEGIES = ("auto", "tpu", "gpu", "cpu", "multi_worker")
+# Keras's engine: auto is $KERAS_BACKEND, else tensorflow (main.py).
+BACKENDS = ("auto", "tensorflow", "jax")
 TPU_DEVICE_ASSIGNMENTS = ("default", "ring")
 TPU_RUNTIMES = ("auto", "pjrt", "stream_executor")
 BN_STATS = ("moving_average", "recompute")
@@ -154,6 +156,7 @@ class OptimConfig:
 class DistributionConfig:
   """The replicas' part (parallel/, runtime/): the strategy, its all-reduces
   and the host's tunings."""
+  backend: str = "auto"  # read before Keras loads (process_setup.py)
   strategy: str = "auto"
   tpu: str = ""
   num_cpu_replicas: int = 1
@@ -379,6 +382,7 @@ CHOICES: dict[str, tuple] = {
     "input_normalization": INPUT_NORMALIZATIONS,
     "precision": PRECISIONS,
     "bfloat16_conv_kernels": BFLOAT16_CONV_KERNELS,
+    "backend": BACKENDS,
     "strategy": STRATEGIES,
     "tpu_device_assignment": TPU_DEVICE_ASSIGNMENTS,
     "tpu_runtime": TPU_RUNTIMES,
@@ -483,8 +487,44 @@ def validate(cfg: TrainConfig, num_replicas: int | None = None) -> None:
              "that is accumulated).")
   _check(cfg.input.use_synthetic_data or bool(cfg.input.data_dir),
          "--data_dir is required unless --use_synthetic_data is set.")
+  if dist.backend == "jax":
+    _check_jax_flags(cfg)
   if num_replicas is not None:
     validate_replicas(cfg, num_replicas)
+
+
+# What the JAX engine does not have yet (issue 49): flag, whether a value
+# is refused, and why; the first refused is named, one host first. README
+# "Running on JAX" lists the same.
+JAX_UNSUPPORTED = (
+    ("strategy", lambda v: v == "multi_worker", "JAX runs on one host so "
+     "far (jax.distributed is not wired in)"),
+    ("precision", lambda v: v == "float16", "float16's dynamic loss "
+     "scaling is TensorFlow's; use bfloat16 or float32"),
+    ("skip_nonfinite_steps", bool, "a NaN/Inf step stops a JAX run"),
+    ("batch_size_schedule", bool, "batch-size control (gradient "
+     "accumulation) is TensorFlow's"),
+    ("bn_stats", lambda v: v == "recompute", "BN statistics "
+     "recomputation is TensorFlow's; use moving_average"),
+    ("gradient_all_reduce", lambda v: v != "auto", "JAX sums gradients "
+     "with one psum (XLA's all-reduce); use auto"),
+    ("bn_all_reduce", lambda v: v != "auto", "JAX sums BN statistics with "
+     "a psum over the group's mesh axis; use auto"),
+    ("all_reduce_grid", bool, "it shapes TensorFlow's 2-D all-reduces"),
+    ("tpu", lambda v: v not in ("", "local"), "JAX uses this host's own "
+     "chips: --tpu=local or none"),
+    ("init_checkpoint", bool, "fine-tuning reads TensorFlow checkpoints"),
+    ("profile_steps", bool, "the profiler is TensorFlow's"),
+)
+
+
+def _check_jax_flags(cfg: TrainConfig) -> None:
+  """Names the first flag the JAX engine does not support."""
+  values = cfg.flat()
+  for name, refused, why in JAX_UNSUPPORTED:
+    _check(not refused(values[name]), f"--{name}={values[name]} is not "
+           f"supported with --backend=jax: {why}. Use --backend=tensorflow "
+           "for it.")
 
 
 def validate_replicas(cfg: TrainConfig, num_replicas: int) -> None:

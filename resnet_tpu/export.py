@@ -33,6 +33,7 @@ from resnet_tpu.inputs import class_list
 from resnet_tpu.inputs import preprocessing
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.model.resnet import build_model
+from resnet_tpu.train.checkpointing import weights_module
 
 # Written by data/build_tfrecords.py next to the TFRecords.
 LABELS_FILE = class_list.SYNSETS_FILE
@@ -83,8 +84,13 @@ def restore_inference_model(config: dict, path: str) -> keras.Model:
   """
   cfg = config_from_record(config).replace(precision="float32")
   model = build_model(cfg.model, cfg.distribution)
+  # A JAX run's checkpoint holds the weights in model order
+  # (train/checkpoints_jax.py); read here through the same layout.
+  saved = (weights_module(model.trainable_variables,
+                          model.non_trainable_variables)
+           if config.get("backend") == "jax" else model)
   try:
-    tf.train.Checkpoint(model=model).restore(
+    tf.train.Checkpoint(model=saved).restore(
         path).expect_partial().assert_existing_objects_matched()
   except (AssertionError, ValueError) as error:
     raise config_lib.ConfigError(

@@ -57,6 +57,9 @@ HELP = {
     "bn_all_reduce": "How distributed BN sums statistics: auto (TPU "
                      "CrossReplicaSum / subgroup collectives), collective, "
                      "or masked (full all-reduce of a one-hot buffer).",
+    "backend": "Keras's engine: tensorflow, jax, or auto ($KERAS_BACKEND, "
+               "else tensorflow). README \"Running on JAX\" lists what "
+               "the jax engine runs and how it differs.",
     "strategy": "auto, tpu, gpu, cpu (virtual CPU replicas) or multi_worker "
                 "(MultiWorkerMirroredStrategy from TF_CONFIG).",
     "tpu": "TPU name or 'local' on a TPU VM; implies --strategy=tpu.",

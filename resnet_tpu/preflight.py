@@ -36,6 +36,7 @@ import time
 from typing import Sequence
 
 from absl import logging
+import keras
 import tensorflow as tf
 from google.protobuf import message
 
@@ -53,7 +54,10 @@ from resnet_tpu.config import FREE_ON_RESUME
 from resnet_tpu.config import TrainConfig
 
 # config.json keys that decide which variables a checkpoint holds.
-CHECKPOINT_KEYS = ("resnet_depth", "num_classes", "optimizer")
+CHECKPOINT_KEYS = ("resnet_depth", "num_classes", "optimizer", "backend")
+# What a config.json written before a flag existed ran with, where that is
+# not the flag's default: every run before --backend ran on TensorFlow.
+RECORD_DEFAULTS = {"backend": "tensorflow"}
 # ImageNet's training set, in tensorflow/tpu imagenet_to_gcs.py's layout.
 IMAGENET_TRAIN_IMAGES = 1281167
 IMAGENET_TRAIN_FILES = tuple(f"train-{i:05d}-of-01024" for i in range(1024))
@@ -142,6 +146,18 @@ def check_data_dir(cfg: TrainConfig, files: DataFiles) -> None:
       _warn_if_progressive(example, first[1])
 
 
+def _engine_named(values: dict) -> dict:
+  """Flag values (a config's or a record's), --backend=auto as the engine
+  this process runs (run.py and run_jax.py record the one they ran)."""
+  if values.get("backend") == "auto":
+    return {**values, "backend": keras.backend.backend()}
+  return values
+
+
+def _run_values(cfg: TrainConfig) -> dict:
+  return _engine_named(cfg.flat())
+
+
 def check_model_dir(cfg: TrainConfig) -> None:
   """Raises ConfigError if model_dir has checkpoints of another network.
 
@@ -152,8 +168,8 @@ def check_model_dir(cfg: TrainConfig) -> None:
           tf.io.gfile.exists(path)):
     return
   with tf.io.gfile.GFile(path) as f:
-    found = json.load(f)
-  flat = cfg.flat()
+    found = _engine_named(json.load(f))
+  flat = _run_values(cfg)
   differ = [f"--{key}={found[key]} there, {flat[key]} here"
             for key in CHECKPOINT_KEYS
             if key in found and found[key] != flat[key]]
@@ -189,7 +205,7 @@ def check_resume(cfg: TrainConfig) -> dict[str, list]:
   if not (latest and tf.io.gfile.exists(path)):
     return {}
   with tf.io.gfile.GFile(path) as f:
-    found = json.load(f)
+    found = _engine_named(json.load(f))
   allowed = set(allowed_changes(cfg))
   if _checkpoint_step(latest) >= cfg.run.total_train_steps:
     # A finished run run again only evaluates (trainer._evaluate_finished),
@@ -197,9 +213,9 @@ def check_resume(cfg: TrainConfig) -> dict[str, list]:
     allowed |= EVALUATION_ONLY
   # A flag newer than the record had its default when the record was
   # written.
-  defaults = TrainConfig(cfg.model_dir).flat()
+  defaults = {**TrainConfig(cfg.model_dir).flat(), **RECORD_DEFAULTS}
   changed = {key: [found.get(key, defaults[key]), value]
-             for key, value in cfg.flat().items()
+             for key, value in _run_values(cfg).items()
              if key not in FREE_ON_RESUME
              and found.get(key, defaults[key]) != value}
   refused = [f"--{key}={old!r} there, {new!r} here"
@@ -380,3 +396,31 @@ def input_notes(cfg: TrainConfig) -> list[str]:
           "can keep 8% of a small image and cut a centred object away; "
           "small images usually train better with a larger "
           "--train_crop_min_area."]
+
+
+def check_run(cfg: TrainConfig
+              ) -> tuple[TrainConfig, DataFiles | None, dict[str, list]]:
+  """Every pre-flight check of a run, on either engine, before its devices
+  start: the model_dir, the data (None: synthetic), the resume and the
+  schedule; logs the schedule's warnings and the input's notes. Returns the
+  config resolved from the data, the files and the resume's deliberate
+  changes (check_resume)."""
+  check_model_dir(cfg)
+  files = None
+  if not cfg.input.use_synthetic_data:
+    files = find_data_files(cfg.input.data_dir)
+    check_data_dir(cfg, files)
+    check_manifest(cfg, files)
+    check_classes(cfg)
+  cfg = resolve(cfg, files)
+  changes = check_resume(cfg)
+  optim = cfg.optim
+  schedules.validate_schedule(optim.lr_schedule, optim.warmup_epochs,
+                              cfg.run.total_train_epochs,
+                              optim.learning_rate_scaling,
+                              optim.end_learning_rate)
+  for warning in schedule_warnings(cfg):
+    logging.warning("%s", warning)
+  for note in input_notes(cfg):
+    logging.info("Note: %s", note)
+  return cfg, files, changes

@@ -13,7 +13,6 @@ from resnet_tpu.runtime import host_memory
 from resnet_tpu.inputs import input_pipeline
 from resnet_tpu import preflight
 from resnet_tpu.runtime import process_setup
-from resnet_tpu.optim import schedules
 from resnet_tpu.inputs import shard_audit
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.parallel.strategy import configure_cpu_replicas
@@ -48,8 +47,13 @@ def run(cfg: TrainConfig, model_fn: ModelFn | None = None,
   built strategy of cfg's kind (tests); None builds it (create_strategy).
   """
   # The strategy kind, decided once (before TensorFlow loads, in main.py).
+  # This is the TensorFlow engine's run (run_jax.py: JAX's).
+  if cfg.distribution.backend not in ("auto", "tensorflow"):
+    raise config_lib.ConfigError(
+        f"--backend={cfg.distribution.backend}: run.run trains on "
+        "TensorFlow; main.py runs JAX's (run_jax.run).")
   cfg = cfg.replace(strategy=process_setup.startup_kind(
-      cfg.distribution.strategy, cfg.distribution.tpu))
+      cfg.distribution.strategy, cfg.distribution.tpu), backend="tensorflow")
   dist = cfg.distribution
   kind = dist.strategy
   build_cpu_replicas = kind == "cpu" and distribution is None
@@ -60,30 +64,13 @@ def run(cfg: TrainConfig, model_fn: ModelFn | None = None,
     # Virtual devices must exist before anything (the pre-flight reads
     # below) starts TensorFlow's runtime.
     configure_cpu_replicas(dist.num_cpu_replicas)
-  preflight.check_model_dir(cfg)
-  files = None
-  if not cfg.input.use_synthetic_data:
-    files = preflight.find_data_files(cfg.input.data_dir)
-    preflight.check_data_dir(cfg, files)
-    preflight.check_manifest(cfg, files)
-    preflight.check_classes(cfg)
-  cfg = preflight.resolve(cfg, files)
-  changes = preflight.check_resume(cfg)
+  cfg, files, changes = preflight.check_run(cfg)
   # Fine-tuning: a run that has no checkpoint yet starts from another's.
   fine_tune = bool(cfg.run.init_checkpoint and
                    not tf.train.latest_checkpoint(cfg.model_dir))
   if fine_tune:
     warm_start.check_compatible(
         cfg, warm_start.find_source(cfg.run.init_checkpoint))
-  optim = cfg.optim
-  schedules.validate_schedule(optim.lr_schedule, optim.warmup_epochs,
-                              cfg.run.total_train_epochs,
-                              optim.learning_rate_scaling,
-                              optim.end_learning_rate)
-  for warning in preflight.schedule_warnings(cfg):
-    logging.warning("%s", warning)
-  for note in preflight.input_notes(cfg):
-    logging.info("Note: %s", note)
   tf.keras.utils.set_random_seed(cfg.run.seed)
   distribution = distribution or create_strategy(
       dist, bn_group_size=cfg.model.bn_group_size)

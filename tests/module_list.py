@@ -21,7 +21,7 @@ ENTRIES = ("main.py", "resnet_tpu/clock.py", "resnet_tpu/config.py",
            "resnet_tpu/parallel/", "resnet_tpu/inputs/", "resnet_tpu/model/",
            "resnet_tpu/optim/", "resnet_tpu/train/", "resnet_tpu/preflight.py",
            "resnet_tpu/export.py", "resnet_tpu/warm_start.py",
-           "resnet_tpu/run.py", "data/", "tools/",
+           "resnet_tpu/run.py", "resnet_tpu/run_jax.py", "data/", "tools/",
            "lab/")
 
 

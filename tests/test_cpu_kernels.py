@@ -26,12 +26,14 @@ def _python(code: str, *args: str, **env: str) -> str:
   return done.stdout.splitlines()[-1]
 
 
-# The JAX engine's own modules (.importlinter's jax_engine contract): this
-# environment has no JAX; tests_jax imports them.
+# The JAX engine's own modules (.importlinter's jax_engine and jax_trainer
+# contracts): this environment has no JAX; tests_jax imports them.
 JAX_ENGINE = ("resnet_tpu.model.batch_norm_jax",
               "resnet_tpu.optim.optimizers_jax",
               "resnet_tpu.parallel.bn_all_reduce_jax",
-              "resnet_tpu.train.jax_step")
+              "resnet_tpu.train.jax_step", "resnet_tpu.train.jax_trainer",
+              "resnet_tpu.train.jax_input",
+              "resnet_tpu.train.checkpoints_jax", "resnet_tpu.run_jax")
 # Imports every module of the package, then prints the two variables.
 IMPORT_ALL = f"""
 import importlib, os, pkgutil

@@ -305,3 +305,24 @@ def test_the_fine_tune_flagfile_warms_up_and_decays_within_the_run(images):
     optimizer.iterations.assign(step)
     assert float(optimizer.learning_rate) == pytest.approx(
         expected, rel=1e-2, abs=1e-6), step
+
+
+# What the JAX engine trains of the shipped flagfiles (README "Running on
+# JAX"), and the flag it names for the rest (config.JAX_UNSUPPORTED).
+JAX_REFUSES = {"akiba2017_32k.cfg": "--strategy=multi_worker",
+               "goyal2017_8k.cfg": "--strategy=multi_worker",
+               "mikami2018_abci_2176gpu.cfg": "--strategy=multi_worker"}
+
+
+@pytest.mark.parametrize("path", FLAGFILES, ids=os.path.basename)
+def test_the_jax_engine_takes_each_one_host_flagfile_and_names_what_it_refuses(
+    path):
+  cfg = parse_flagfile(path).replace(backend="jax", data_dir="/data")
+  refused = JAX_REFUSES.get(os.path.basename(path))
+  if refused is None:
+    config_lib.validate(cfg)
+    return
+  with pytest.raises(config_lib.ConfigError,
+                     match=re.escape(refused) + ".* is not supported with "
+                     "--backend=jax"):
+    config_lib.validate(cfg)

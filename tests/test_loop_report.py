@@ -6,7 +6,7 @@ import math
 import pytest
 
 from resnet_tpu.train import loop_report
-from resnet_tpu.train.host_loops import LoopResult
+from resnet_tpu.train.loop_result import LoopResult
 
 
 def _result(**counts) -> LoopResult:

@@ -103,3 +103,53 @@ def test_cpu_tunings_apply_only_where_the_model_runs_on_cpu(kind, applies):
   assert process_setup.cpu_tunings_apply(kind) == applies
 
 
+
+
+@pytest.mark.parametrize("flag, environ, engine", [
+    ("auto", {}, "tensorflow"),
+    ("auto", {"KERAS_BACKEND": "jax"}, "jax"),
+    ("jax", {"KERAS_BACKEND": "tensorflow"}, "jax"),
+    ("tensorflow", {}, "tensorflow"),
+])
+def test_the_engine_is_the_flag_else_keras_backend_else_tensorflow(
+    flag, environ, engine, monkeypatch):
+  # This process's Keras runs on TensorFlow: a JAX choice is made as a
+  # fresh process would make it, before Keras loads.
+  monkeypatch.delitem(sys.modules, "keras", raising=False)
+  assert process_setup.choose_backend(flag, environ) == engine
+  assert environ["KERAS_BACKEND"] == engine
+
+
+def test_an_engine_other_than_tensorflow_or_jax_is_named():
+  with pytest.raises(process_setup.ConfigError,
+                     match="KERAS_BACKEND='torch': resnet_tpu runs on"):
+    process_setup.choose_backend("auto", {"KERAS_BACKEND": "torch"})
+
+
+def test_an_engine_chosen_after_keras_loaded_on_another_is_refused():
+  import keras  # noqa: F401  (loaded, on TensorFlow)
+  with pytest.raises(process_setup.ConfigError,
+                     match="Keras already loaded on tensorflow"):
+    process_setup.choose_backend("jax", {})
+
+
+def test_jax_on_cpu_gets_the_replicas_as_virtual_devices():
+  environ = {"XLA_FLAGS": "--xla_dump_to=/tmp/x"}
+  assert process_setup.jax_platform("cpu", 4, environ) == (
+      "4 virtual CPU device(s)")
+  assert environ == {
+      "JAX_PLATFORMS": "cpu",
+      "XLA_FLAGS": "--xla_dump_to=/tmp/x "
+                   "--xla_force_host_platform_device_count=4"}
+  untouched = {}
+  process_setup.jax_platform("tpu", 4, untouched)
+  assert not untouched
+
+
+def test_a_jax_run_without_tensorflow_is_told_to_install_it(monkeypatch):
+  process_setup.require_tensorflow_for_jax()  # installed here
+  monkeypatch.setattr(process_setup.importlib.util, "find_spec",
+                      lambda name: None)
+  with pytest.raises(process_setup.ConfigError,
+                     match="pip install -r requirements-jax.txt"):
+    process_setup.require_tensorflow_for_jax()

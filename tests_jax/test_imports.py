@@ -1,5 +1,8 @@
-"""Under KERAS_BACKEND=jax the engine-neutral packages import no TensorFlow
-and none of the project's TensorFlow modules (issue 48)."""
+"""Under KERAS_BACKEND=jax the engine-neutral packages and the GPU bench
+import no TensorFlow and none of the project's TensorFlow modules (issue
+48), and work where TensorFlow is not installed, as on the H200: .venv-jax
+has TensorFlow for JAX training's input and files (issue 49), so the probe
+blocks its import."""
 import os
 import subprocess
 import sys
@@ -14,7 +17,7 @@ ENGINE_NEUTRAL = (
     "resnet_tpu.model.keras_weights", "resnet_tpu.optim.optimizers",
     "resnet_tpu.optim.lars", "resnet_tpu.optim.rmsprop_warmup",
     "resnet_tpu.optim.schedules", "resnet_tpu.train.jax_step",
-    "resnet_tpu.parallel.bn_all_reduce_jax")
+    "resnet_tpu.parallel.bn_all_reduce_jax", "lab.bench_gpu")
 # Modules that belong to TensorFlow's engine.
 TF_MODULES = ("tensorflow", "tf_keras", "resnet_tpu.model.batch_norm_tf",
               "resnet_tpu.optim.optimizers_tf",
@@ -24,6 +27,13 @@ TF_MODULES = ("tensorflow", "tf_keras", "resnet_tpu.model.batch_norm_tf",
 
 PROBE = """
 import sys
+
+class NoTensorFlow:  # as where it is not installed
+  def find_spec(self, name, path=None, target=None):
+    if name.split(".")[0] == "tensorflow":
+      raise ModuleNotFoundError(f"No module named {{name!r}}")
+
+sys.meta_path.insert(0, NoTensorFlow())
 {imports}
 from resnet_tpu.model.resnet import build_model
 from resnet_tpu.config import ModelConfig

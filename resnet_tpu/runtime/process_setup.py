@@ -20,10 +20,15 @@ and a variable the user set always wins.
 """
 from collections.abc import Mapping, MutableMapping, Sequence
 import glob
+import importlib.util
 import os
 import sys
 
+from resnet_tpu.config import ConfigError
 from resnet_tpu.runtime.cpu_kernels import ONEDNN_ENV
+
+BACKEND_ENV = "KERAS_BACKEND"
+ENGINES = ("tensorflow", "jax")
 
 LOG_LEVEL_ENV = "TF_CPP_MIN_LOG_LEVEL"
 # An NVIDIA GPU's device files on bare metal, in containers and under WSL2
@@ -120,6 +125,47 @@ def apply_cpu_kernel_choice(
     return f"TensorFlow's default: it loaded before the choice ({reason})"
   environ[ONEDNN_ENV] = value
   return f"{ONEDNN_ENV}={value} ({reason})"
+
+
+def choose_backend(flag: str,
+                   environ: MutableMapping[str, str] = os.environ) -> str:
+  """Keras's engine for --backend (auto: $KERAS_BACKEND, else tensorflow);
+  sets KERAS_BACKEND, which Keras reads once, when it loads."""
+  name = environ.get(BACKEND_ENV, "tensorflow") if flag == "auto" else flag
+  if name not in ENGINES:
+    raise ConfigError(f"{BACKEND_ENV}={name!r}: resnet_tpu runs on Keras's "
+                      f"{' or '.join(ENGINES)} engine (--backend).")
+  keras = sys.modules.get("keras")
+  if keras is not None and keras.backend.backend() != name:
+    raise ConfigError(f"--backend={name}: Keras already loaded on "
+                      f"{keras.backend.backend()}; set it before Keras "
+                      "loads.")
+  environ[BACKEND_ENV] = name
+  return name
+
+
+def require_tensorflow_for_jax() -> None:
+  """A JAX run reads and writes through TensorFlow (run_jax.py): one clear
+  line, before anything starts, where it is not installed."""
+  if importlib.util.find_spec("tensorflow") is None:
+    raise ConfigError(
+        "--backend=jax trains with TensorFlow installed beside JAX (tf.data "
+        "input; checkpoints, metrics and the export through TensorFlow's "
+        "APIs): pip install -r requirements-jax.txt.")
+
+
+def jax_platform(strategy: str, num_cpu_replicas: int,
+                 environ: MutableMapping[str, str] = os.environ) -> str:
+  """The JAX engine's devices for --strategy, set before JAX loads: cpu
+  gives `num_cpu_replicas` virtual CPU devices (XLA's host device count);
+  auto, gpu and tpu leave JAX its own choice (TPU, else GPU, else CPU).
+  Returns what it chose, for the log."""
+  if strategy != "cpu":
+    return "JAX's default devices"
+  environ["JAX_PLATFORMS"] = "cpu"
+  flag = f"--xla_force_host_platform_device_count={num_cpu_replicas}"
+  environ["XLA_FLAGS"] = f"{environ.get('XLA_FLAGS', '')} {flag}".strip()
+  return f"{num_cpu_replicas} virtual CPU device(s)"
 
 
 def exit_skipping_teardown(code: int | str | None = 0) -> None:

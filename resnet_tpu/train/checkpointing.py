@@ -18,6 +18,7 @@ own, so all then compare what they restored (`check_workers_agree`).
 """
 import os
 import time
+from typing import Sequence
 
 from absl import logging
 import keras
@@ -103,6 +104,16 @@ def worker_checkpoint_dir(model_dir: str, strategy: tf.distribute.Strategy,
     return model_dir
   task = strategy.cluster_resolver.task_id
   return os.path.join(model_dir, f".worker_{task}_scratch")
+
+
+def weights_module(trainable: Sequence, non_trainable: Sequence
+                   ) -> tf.Module:
+  """A network's weights as a JAX run checkpoints them (checkpoints_jax.py):
+  two lists, in the Keras model's variable order."""
+  module = tf.Module()
+  module.trainable = list(trainable)
+  module.non_trainable = list(non_trainable)
+  return module
 
 
 class Checkpoints:

@@ -8,7 +8,6 @@ so they are equal everywhere at every evaluation and checkpoint. The
 accumulating loop is Mikami et al. 2018's batch-size control: a larger
 global batch as several micro-batches per optimizer step.
 """
-import dataclasses
 from typing import Iterator, NamedTuple
 
 import tensorflow as tf
@@ -39,35 +38,6 @@ class LoopSums(NamedTuple):
     return LoopSums(self.steps + kept,
                     self.nonfinite_steps + tf.cast(nonfinite, tf.float32),
                     first)
-
-
-@dataclasses.dataclass
-class LoopResult:
-  """The sums of one host loop (or one eval) as the logged metrics."""
-  loss: float
-  top1: float
-  top5: float
-  examples: int
-  unusable_examples: int = 0
-  lost_records: int = 0
-  nonfinite_steps: int = 0
-  first_nonfinite: int = -1  # index of the first non-finite step in the loop
-  by_source: tuple[int, ...] = ()  # faults per source (shard_audit.py)
-
-  @classmethod
-  def of(cls, sums: StepSums | LoopSums) -> "LoopResult":
-    """Blocks until the loop that computed `sums` is done."""
-    if isinstance(sums, LoopSums):
-      counts = (int(sums.nonfinite_steps), int(sums.first_nonfinite))
-      sums = sums.steps
-    else:
-      counts = (0, -1)
-    n = max(float(sums.examples), 1.0)
-    count = lambda v: int(round(float(v)))
-    return cls(float(sums.loss) / n, float(sums.top1) / n,
-               float(sums.top5) / n, count(sums.examples),
-               count(sums.unusable), count(sums.lost), *counts,
-               tuple(count(v) for v in sums.by_source.numpy()))
 
 
 class HostLoops:

@@ -17,8 +17,13 @@ The collectives of a step are thus that one all-reduce and two BN group sums
 per BN layer (forward and backward); tests_jax/test_collective_census.py
 counts them in the compiled HLO.
 
+Each step also says whether its loss or any summed gradient was NaN/Inf
+("nonfinite", computed after the all-reduce, so every replica agrees); a
+JAX run stops on such a step (loop_report.check_finite). `evaluate` sums
+an eval batch's metrics over the replicas, its padding masked out.
+
 float16 (dynamic loss scaling), --skip_nonfinite_steps and batch-size
-control are TensorFlow's alone so far (issue 49).
+control are TensorFlow's alone so far (config.JAX_UNSUPPORTED).
 """
 import dataclasses
 import functools
@@ -33,6 +38,7 @@ from keras import ops
 from resnet_tpu.parallel.bn_all_reduce_jax import REPLICA_AXES
 
 METRICS = ("loss", "top1", "top5", "examples")
+STEP_METRICS = METRICS + ("nonfinite",)
 
 
 class TrainState(NamedTuple):
@@ -93,8 +99,10 @@ class JaxTrainStep:
 
   `state()` reads the variables' values, `step(state, images, labels)` (one
   jitted call) returns the next state and the step's metric sums over all
-  replicas, `write_back(state)` puts values into the Keras variables;
-  `gradients(state, images, labels)` is the step without its update.
+  replicas (STEP_METRICS), `write_back(state)` puts values into the Keras
+  variables; `gradients(state, images, labels)` is the step without its
+  update; `evaluate(state, images, labels, mask)` an eval batch's METRICS
+  sums, in inference mode.
   """
 
   def __init__(self, model: keras.Model,
@@ -125,6 +133,9 @@ class JaxTrainStep:
     self.step = jax.jit(per_replica(self._replica_step), donate_argnums=0)
     # The summed gradients alone, without the update (tests, debugging).
     self.gradients = jax.jit(per_replica(self._replica_gradients))
+    self.evaluate = jax.jit(jax.shard_map(
+        self._replica_eval, mesh=mesh,
+        in_specs=(replicated, batch, batch, batch), out_specs=replicated))
 
   def state(self) -> TrainState:
     """The variables' current values, replicated on every device."""
@@ -134,10 +145,9 @@ class JaxTrainStep:
         [v.value for v in self.optimizer.variables])
     return jax.device_put(values, self.replicated)
 
-  def shard_batch(self, images, labels):
-    """A global batch split over the replicas, in device order."""
-    return (jax.device_put(images, self.batch_sharding),
-            jax.device_put(labels, self.batch_sharding))
+  def shard_batch(self, *arrays):
+    """A global batch's arrays split over the replicas, in device order."""
+    return tuple(jax.device_put(a, self.batch_sharding) for a in arrays)
 
   def write_back(self, state: TrainState) -> None:
     """Sets the Keras variables to `state` (to save or evaluate)."""
@@ -180,6 +190,20 @@ class JaxTrainStep:
                                                          labels)
     trainable, optimizer = self.optimizer.stateless_apply(
         state.optimizer, grads, state.trainable)
+    finite = ops.all(ops.stack([ops.all(ops.isfinite(g))
+                                for g in [sums[0]] + list(grads)]))
+    metrics = dict(zip(METRICS, ops.unstack(sums)))
+    metrics["nonfinite"] = 1.0 - ops.cast(finite, "float32")
     return (TrainState(list(trainable), list(non_trainable),
-                       list(optimizer)),
-            dict(zip(METRICS, ops.unstack(sums))))
+                       list(optimizer)), metrics)
+
+  def _replica_eval(self, state: TrainState, images, labels, mask):
+    logits, _ = self.model.stateless_call(
+        state.trainable, state.non_trainable, images, training=False)
+    per_example, top1, top5, _ = losses_and_hits(
+        logits, labels, self.loss.num_classes, self.loss.label_smoothing)
+    mask = ops.cast(mask, "float32")
+    sums = ops.stack([ops.sum(v * mask) for v in (per_example, top1, top5)]
+                     + [ops.sum(mask)])
+    return dict(zip(METRICS, ops.unstack(
+        jax.lax.psum(sums, REPLICA_AXES))))

@@ -16,7 +16,7 @@ from typing import Callable
 
 from absl import logging
 
-from resnet_tpu.train.host_loops import LoopResult
+from resnet_tpu.train.loop_result import LoopResult
 
 
 # Host loops in a row whose every step was skipped before the run stops.

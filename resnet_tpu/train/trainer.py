@@ -30,7 +30,7 @@ from resnet_tpu.train.checkpointing import Checkpoints
 from resnet_tpu.train.checkpointing import worker_checkpoint_dir
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.train.host_loops import HostLoops
-from resnet_tpu.train.host_loops import LoopResult
+from resnet_tpu.train.loop_result import LoopResult
 from resnet_tpu.inputs.input_pipeline import DatasetFn
 from resnet_tpu.train.metrics_log import MetricsLog
 from resnet_tpu.model.resnet import build_model
@@ -238,23 +238,20 @@ class Trainer:
   def _train(self, train_iter: Iterator, evaluate: Callable[[], dict] | None,
              sigterm: preemption.SigtermWatcher) -> dict:
     cfg = self.cfg
-    total = cfg.run.total_train_steps
-    eval_every = cfg.run.eval_every_steps or total
-    ckpt_every = cfg.run.checkpoint_every_steps or eval_every
+    plan = cadence.StepCadence.of(cfg.run)
+    total = plan.total
     last = {}
     step = start_step = self.step
     if step >= total and evaluate is not None:
       return self._evaluate_finished(train_iter, evaluate)
-    phase_starts = self.clock.phase_start_steps()
     self.save_timer.restart()
     stalled_loops = 0
     seconds_per_step = None  # the pace of the last loop (--max_loop_seconds)
     while step < total:
-      next_phase = min([s for s in phase_starts if s > step] + [total])
-      n = min(cfg.run.steps_per_loop, next_phase - step,
-              eval_every - step % eval_every, ckpt_every - step % ckpt_every,
-              self.profiler.loop_limit(step) or total,
-              self._timed_loop_limit(seconds_per_step) or total)
+      n = plan.loop_steps(step, cfg.run.steps_per_loop,
+                          self.profiler.loop_limit(step),
+                          cadence.timed_loop_limit(cfg.run.max_loop_seconds,
+                                                   seconds_per_step))
       micro_batches = self.accumulation_steps(step)
       self.profiler.before_loop(step, n)
       t0 = time.time()
@@ -274,9 +271,8 @@ class Trainer:
                                  self.checkpoints.latest)
       preempted = sigterm.any_worker_received(self.strategy) and step < total
       timed = self.save_timer.due(self.strategy)
-      do_save = step % ckpt_every == 0 or step == total or timed
-      do_eval = evaluate is not None and (step % eval_every == 0 or
-                                          step == total)
+      do_save = plan.save_due(step) or timed
+      do_eval = evaluate is not None and plan.eval_due(step)
       if self._bn_recomputer and (do_save or do_eval):
         batches = cfg.model.bn_recompute_batches
         self._bn_recomputer.recompute(train_iter, batches)
@@ -292,16 +288,6 @@ class Trainer:
             "the same command again to resume; exit code "
             f"{preemption.PREEMPTED_EXIT_CODE}.")
     return last
-
-  def _timed_loop_limit(self, seconds_per_step: float | None) -> int | None:
-    """--max_loop_seconds: the steps that fit in it at the last loop's pace
-    (1 before any loop: it compiles), at least 1; None when off."""
-    limit = self.cfg.run.max_loop_seconds
-    if not limit:
-      return None
-    if seconds_per_step is None:
-      return 1
-    return max(1, int(limit / seconds_per_step))
 
   def _loss_scale_at_floor(self) -> bool:
     """float16: whether the loss scale is 1 (skipped steps no longer lower

@@ -1,0 +1,142 @@
+"""One training run on the JAX engine: config -> devices -> data -> trainer.
+
+The JAX twin of run.py, which main.py calls under --backend=jax (or
+KERAS_BACKEND=jax). The pre-flight (preflight.check_run), the config record,
+the input pipeline and the export are the TensorFlow path's; the devices
+are JAX's (`jax.devices()`, one replica each, BN groups as rows of the mesh:
+parallel/bn_all_reduce_jax.py) and the trainer is jax_trainer.py.
+
+TensorFlow must be installed beside JAX: the input is tf.data, and the
+checkpoints, metrics and export go through TensorFlow's file and checkpoint
+APIs (so gs:// model_dirs work). The SavedModel is written by a TensorFlow
+engine process (resnet_tpu.export on the run's final checkpoint), so it has
+the TensorFlow path's signatures exactly. README "Running on JAX" lists
+what differs.
+"""
+import os
+import subprocess
+import sys
+
+from absl import logging
+import jax
+import keras
+import tensorflow as tf
+
+from resnet_tpu import config as config_lib
+from resnet_tpu import export
+from resnet_tpu import preflight
+from resnet_tpu.config import TrainConfig
+from resnet_tpu.inputs import input_pipeline
+from resnet_tpu.inputs import shard_audit
+from resnet_tpu.runtime import process_setup
+from resnet_tpu.parallel.bn_all_reduce_jax import build_mesh
+from resnet_tpu.parallel.bn_all_reduce_jax import replica_groups
+from resnet_tpu.train import jax_input
+from resnet_tpu.train import storage
+from resnet_tpu.train.jax_trainer import Batches
+from resnet_tpu.train.jax_trainer import JaxTrainer
+from resnet_tpu.train.jax_trainer import LoopCallback
+
+# The package's parent: where a child process finds resnet_tpu.
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(cfg: TrainConfig, loop_callback: LoopCallback | None = None) -> dict:
+  """Validates `cfg`, trains on JAX's devices, evaluates and exports;
+  returns the last eval record (run.run's contract)."""
+  process_setup.require_tensorflow_for_jax()
+  if keras.backend.backend() != "jax":
+    raise config_lib.ConfigError(
+        "run_jax.run needs Keras on JAX: set --backend=jax (main.py) or "
+        "KERAS_BACKEND=jax before Keras loads.")
+  cfg = cfg.replace(backend="jax")
+  config_lib.validate(cfg)
+  devices = jax.devices()
+  check_devices(cfg.distribution.strategy, devices[0].platform,
+                jax.process_count())
+  config_lib.validate_replicas(cfg, len(devices))
+  # TensorFlow feeds the input and writes files; JAX alone holds the GPUs.
+  tf.config.set_visible_devices([], "GPU")
+  cfg, files, changes = preflight.check_run(cfg)
+  keras.utils.set_random_seed(cfg.run.seed)
+  mesh = build_mesh(cfg.model.bn_group_size, devices)
+  logging.info("JAX %s on %d %s device(s); BN groups %s", jax.__version__,
+               len(devices), devices[0].platform, replica_groups(mesh))
+  trainer = JaxTrainer(cfg, mesh, loop_callback)
+  storage.written("config.json", cfg.model_dir, cfg.model_dir,
+                  lambda: config_lib.write_config(
+                      cfg, export.labels_file(cfg.input.data_dir), changes))
+  result = train(cfg, trainer, files)
+  if cfg.run.export_dir:
+    export_in_tensorflow(cfg.model_dir, cfg.run.export_dir)
+  return result
+
+
+def check_devices(strategy: str, platform: str, process_count: int) -> None:
+  """--strategy=tpu or gpu needs JAX to have found that kind of device
+  (else it falls back to the CPU silently), and a JAX run is one host's
+  (a pod slice starts a JAX process per host)."""
+  if strategy in ("tpu", "gpu") and platform != strategy:
+    extra = "tpu" if strategy == "tpu" else "cuda13"
+    raise config_lib.ConfigError(
+        f"--strategy={strategy}: JAX found no {strategy.upper()}, only "
+        f"{platform} devices. Install jax[{extra}] on a host that has one, "
+        "or use --strategy=auto or cpu.")
+  if process_count > 1:
+    raise config_lib.ConfigError(
+        f"JAX runs {process_count} processes (a multi-host slice): "
+        "--backend=jax trains on one host so far; use a single-host machine "
+        "(v5e-8, v6e-8, one GPU host) or --backend=tensorflow.")
+
+
+def train(cfg: TrainConfig, trainer: JaxTrainer,
+          files: preflight.DataFiles | None) -> dict:
+  """trainer.fit on the synthetic input of `cfg` (files None) or on the
+  TFRecord `files`."""
+  model, run_cfg = cfg.model, cfg.run
+  shape = dict(image_size=model.image_size, num_classes=model.num_classes,
+               dtype=cfg.transfer_dtype)
+  if files is None:
+    synthetic = input_pipeline.synthetic_dataset_fn(
+        model.image_size, model.num_classes, run_cfg.global_batch_size,
+        cfg.transfer_dtype)
+    return trainer.fit(lambda _: jax_input.train_batches(synthetic, 0))
+  num_eval = cfg.run.num_eval_images or input_pipeline.count_examples(
+      files.validation)
+  logging.info("Validation split: %d examples", num_eval)
+  faults = shard_audit.DataFaults(
+      list(files.train),
+      shard_audit.expected_records(cfg.input.data_dir, files.train),
+      cfg.input.on_corrupt_shard)
+  eval_fn = input_pipeline.eval_dataset_fn(
+      cfg.input, files.validation, run_cfg.eval_batch_size, num_eval,
+      **shape)
+
+  def train_input(start_step: int) -> Batches:
+    return jax_input.train_batches(input_pipeline.train_dataset_fn(
+        cfg.input, files.train, run_cfg.global_batch_size, **shape,
+        seed=run_cfg.seed, start_step=start_step), faults.num_sources)
+
+  return trainer.fit(train_input, lambda: jax_input.eval_batches(eval_fn),
+                     faults)
+
+
+def export_in_tensorflow(model_dir: str, export_dir: str) -> None:
+  """Exports the run's final checkpoint from a TensorFlow engine process
+  (Keras's engine is chosen once per process)."""
+  code = ("import sys; from absl import logging; "
+          "logging.set_verbosity(logging.INFO); "
+          "from resnet_tpu import export; "
+          "export.export_saved_model(sys.argv[1], sys.argv[2])")
+  env = {**os.environ, "KERAS_BACKEND": "tensorflow",
+         "PYTHONPATH": os.pathsep.join(
+             filter(None, [PACKAGE_ROOT, os.environ.get("PYTHONPATH")]))}
+  env.pop("XLA_FLAGS", None)
+  done = subprocess.run([sys.executable, "-c", code, model_dir, export_dir],
+                        env=env, check=False)
+  if done.returncode:
+    raise config_lib.ConfigError(
+        f"The export to {export_dir} failed (its TensorFlow process exited "
+        f"{done.returncode}; its error is above). The checkpoints are "
+        f"intact: python -m tools.export_savedmodel --model_dir={model_dir} "
+        f"--export_dir={export_dir} retries it.")

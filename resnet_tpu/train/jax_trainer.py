@@ -1,0 +1,237 @@
+"""The JAX engine's trainer: host loops of jitted steps over a device mesh.
+
+The cadence is the TensorFlow trainer's (trainer.py, Ying et al. 2018 §3):
+host loops of --steps_per_loop steps that end at every eval and checkpoint
+step (cadence.StepCadence), checkpoints on the wall clock too, one
+metrics.jsonl record and log line per loop with the ETA (loop_report.py),
+SIGTERM checked between loops (a checkpoint, then exit 42: preemption.py),
+and a NaN/Inf step stops the run without saving.
+
+What differs is the engine's own part:
+- a host loop is a Python loop of jitted steps (jax_step.JaxTrainStep),
+  dispatched asynchronously as flax and big_vision run them; the host reads
+  the loop's metric sums once, at its end;
+- the state lives on the devices as a TrainState and is checkpointed
+  through checkpoints_jax.py;
+- the input arrives as numpy batches (jax_input.py).
+"""
+import time
+from typing import Callable, Iterator
+
+from absl import logging
+import jax
+import numpy as np
+
+from resnet_tpu.config import TrainConfig
+from resnet_tpu.inputs.shard_audit import DataFaults
+from resnet_tpu.model.resnet import build_model
+from resnet_tpu.optim import optimizers
+from resnet_tpu.train import cadence
+from resnet_tpu.train import loop_report
+from resnet_tpu.train import preemption
+from resnet_tpu.train.checkpoints_jax import JaxCheckpoints
+from resnet_tpu.train.loop_result import LoopResult
+from resnet_tpu.train.jax_step import JaxTrainStep
+from resnet_tpu.train.jax_step import LossConfig
+from resnet_tpu.train.metrics_log import MetricsLog
+
+Batches = Iterator[tuple[np.ndarray, ...]]
+# Called with each host loop's train record once it is logged.
+LoopCallback = Callable[[dict], None]
+
+
+class JaxTrainer:
+  """Owns the JAX step, its state and checkpoints; trains and evaluates."""
+
+  def __init__(self, cfg: TrainConfig, mesh: jax.sharding.Mesh,
+               loop_callback: LoopCallback | None = None):
+    if not cfg.run.num_train_images:
+      raise ValueError("cfg.run.num_train_images is 0: resolve the config "
+                       "first (preflight.check_run).")
+    self.cfg = cfg
+    self.model = build_model(cfg.model, cfg.distribution)
+    self.optimizer = optimizers.build_optimizer_from_config(
+        cfg.optim, cfg.run, cfg.distribution)
+    optim = cfg.optim
+    weight_decay = (optim.weight_decay if optimizers.weight_decay_in_loss(
+        optim.optimizer) else 0.0)
+    self.step_fn = JaxTrainStep(
+        self.model, self.optimizer, mesh,
+        LossConfig(cfg.model.num_classes, cfg.run.global_batch_size,
+                   optim.label_smoothing, weight_decay))
+    self.state = self.step_fn.state()
+    self.step = 0
+    self.input_batches = 0  # global batches read from the training input
+    self._faults = None
+    self.checkpoints = JaxCheckpoints(cfg, self.model, self.optimizer,
+                                      cfg.model_dir)
+    self.metrics = MetricsLog(cfg.model_dir)
+    self.save_timer = cadence.SaveTimer(cfg.run.checkpoint_every_minutes)
+    self._loop_callback = loop_callback
+    self._start_time = time.time()
+
+  def restore(self) -> int:
+    """Restores the newest intact checkpoint of model_dir; returns the
+    step. Metric records of later steps (to be redone) are dropped."""
+    path, state, input_batches = self.checkpoints.restore()
+    if path is None:
+      return self.step
+    self.state = jax.device_put(state, self.step_fn.replicated)
+    self.input_batches = input_batches
+    self.optimizer.iterations.assign(self._iterations())
+    self.step = int(self.optimizer.iterations.numpy())
+    logging.info("Restored %s at step %d (input at global batch %d)", path,
+                 self.step, input_batches)
+    dropped = self.metrics.drop_after(self.step)
+    if dropped:
+      logging.info("Dropped %d metric records of steps after %d.", dropped,
+                   self.step)
+    return self.step
+
+  def _iterations(self):
+    """The optimizer's step count in self.state."""
+    paths = [v.path for v in self.optimizer.variables]
+    return self.state.optimizer[paths.index(self.optimizer.iterations.path)]
+
+  def save(self) -> str:
+    return self.checkpoints.save(self.state, self.input_batches)
+
+  def evaluate(self, batches: Batches) -> dict:
+    """Top-1/top-5 over every example of one pass of `batches` (padding
+    masked out), with the current state."""
+    start = time.time()
+    sums = [self.step_fn.evaluate(self.state,
+                                  *self.step_fn.shard_batch(*batch))
+            for batch in batches]
+    total = {k: float(sum(s[k] for s in jax.device_get(sums)))
+             for k in ("loss", "top1", "top5", "examples")}
+    seconds = time.time() - start
+    n = max(total["examples"], 1.0)
+    record = {"step": self.step, "split": "eval", "loss": total["loss"] / n,
+              "top1": total["top1"] / n, "top5": total["top5"] / n,
+              "examples": int(total["examples"]),
+              "images_per_sec": total["examples"] / seconds,
+              "elapsed_s": time.time() - self._start_time}
+    self.metrics.write(record)
+    logging.info("eval step %d: loss %.4f top-1 %.4f top-5 %.4f over %d "
+                 "examples (%.0f images/s)", record["step"], record["loss"],
+                 record["top1"], record["top5"], record["examples"],
+                 record["images_per_sec"])
+    return record
+
+  def fit(self, train_input: Callable[[int], Batches],
+          eval_input: Callable[[], Batches] | None = None,
+          faults: DataFaults | None = None) -> dict:
+    """Trains to cfg.run.total_train_steps, evaluating and checkpointing.
+
+    Resumes from the newest intact checkpoint, input included:
+    `train_input(n)` yields the training batches after the first n.
+    `eval_input()` yields one pass over the eval set. `faults` names the
+    training files behind unusable and lost records (shard_audit.py) per
+    host loop. Returns the last
+    eval record (or the last train record without an eval set). A run
+    restored at its last step only evaluates.
+
+    Raises preemption.Preempted after checkpointing on SIGTERM, and
+    loop_report.NonFiniteLossError, without saving, on a NaN/Inf loss or
+    gradient.
+    """
+    self._start_time = time.time()
+    self._faults = faults
+    self.restore()
+    if self.input_batches:
+      logging.info("Training input resumes at global batch %d",
+                   self.input_batches)
+    batches = train_input(self.input_batches)
+    evaluate = (lambda: self.evaluate(eval_input())) if eval_input else None
+    try:
+      with preemption.SigtermWatcher() as sigterm:
+        return self._train(batches, evaluate, sigterm)
+    finally:
+      self.metrics.flush()
+
+  def _train(self, batches: Batches, evaluate: Callable[[], dict] | None,
+             sigterm: preemption.SigtermWatcher) -> dict:
+    run = self.cfg.run
+    plan = cadence.StepCadence.of(run)
+    total = plan.total
+    step = start_step = self.step
+    if step >= total and evaluate is not None:
+      logging.info("The run is finished at step %d: evaluating its final "
+                   "weights.", step)
+      return evaluate()
+    last = {}
+    self.save_timer.restart()
+    seconds_per_step = None  # the pace of the last loop (--max_loop_seconds)
+    while step < total:
+      n = plan.loop_steps(step, run.steps_per_loop, cadence.timed_loop_limit(
+          run.max_loop_seconds, seconds_per_step))
+      t0 = time.time()
+      result = self._host_loop(batches, n)
+      seconds = time.time() - t0
+      seconds_per_step = seconds / n
+      loop_report.check_finite(result, step, n, False,
+                               self.checkpoints.latest)
+      step = self.step
+      last = self._log_train(result, n, seconds, start_step, total)
+      preempted = sigterm.received and step < total
+      do_eval = evaluate is not None and plan.eval_due(step)
+      if plan.save_due(step) or self.save_timer.due_here() or preempted:
+        path = self.save()
+        self.save_timer.restart()
+      if do_eval:
+        last = evaluate()
+      if preempted:
+        raise preemption.Preempted(
+            f"Preempted (SIGTERM) at step {step}/{total}: saved {path}. Run "
+            "the same command again to resume; exit code "
+            f"{preemption.PREEMPTED_EXIT_CODE}.")
+    return last
+
+  def _host_loop(self, batches: Batches, num_steps: int) -> LoopResult:
+    """`num_steps` steps, dispatched without waiting; reads their sums
+    once, at the end. A NaN/Inf step adds nothing to the sums."""
+    per_step, faults = [], 0
+    for _ in range(num_steps):
+      images, labels, batch_faults = next(batches)
+      self.state, metrics = self.step_fn.step(
+          self.state, *self.step_fn.shard_batch(images, labels))
+      per_step.append(metrics)
+      faults = faults + batch_faults
+    per_step = jax.device_get(per_step)  # blocks until the loop is done
+    self.step += num_steps
+    self.input_batches += num_steps
+    nonfinite = [i for i, m in enumerate(per_step) if m["nonfinite"]]
+    kept = [m for m in per_step if not m["nonfinite"]]
+    sums = {k: float(sum(m[k] for m in kept))
+            for k in ("loss", "top1", "top5", "examples")}
+    n = max(sums["examples"], 1.0)
+    faults = np.asarray(faults, np.float64).reshape(-1)
+    count = lambda v: int(round(float(v)))
+    return LoopResult(
+        sums["loss"] / n, sums["top1"] / n, sums["top5"] / n,
+        count(sums["examples"]),
+        unusable_examples=count(faults[0]) if faults.size else 0,
+        lost_records=count(faults[1]) if faults.size else 0,
+        nonfinite_steps=len(nonfinite),
+        first_nonfinite=nonfinite[0] if nonfinite else -1,
+        by_source=tuple(count(v) for v in faults[2:]))
+
+  def _log_train(self, result: LoopResult, num_steps: int, seconds: float,
+                 start_step: int, total: int) -> dict:
+    elapsed = time.time() - self._start_time
+    self.optimizer.iterations.assign(self.step)
+    record = loop_report.train_record(
+        result, self.step, total,
+        images_per_sec=num_steps * self.cfg.run.global_batch_size / seconds,
+        elapsed_s=elapsed,
+        eta_s=loop_report.eta_seconds(elapsed, self.step - start_step,
+                                      total - self.step),
+        learning_rate=float(self.optimizer.learning_rate))
+    self.metrics.write(record)
+    if self._faults:
+      self.metrics.flush()  # the count is on disk before a fail stop
+      self._faults.report(result.by_source, self.step)
+    if self._loop_callback:
+      self._loop_callback(record)
+    return record
