@@ -7,7 +7,7 @@ DEMO_DATA := demo_data
 DEMO_RUN := runs/demo
 
 .PHONY: venv lint test test-tf test-jax constraints bench-gpu bench-gpu-wheels \
-	fashion-mnist test-lab test-tpu-build check-requirements demo bench \
+	fashion-mnist test-lab test-tpu-build check-requirements demo demo-jax bench \
 	bench-collectives bench-cpu-kernels profile-ops accelerator-check study \
 	study-ladder study-recipe-choice study-recipe study-recipe-long \
 	study-recipe-revised study-recipe-crop study-regime clean
@@ -48,7 +48,8 @@ test-tf: venv
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 # The JAX engine's suite in its own process and environment (.venv-jax:
-# requirements-jax.txt, no TensorFlow), on 8 virtual CPU devices
+# requirements-jax.txt, TensorFlow for JAX training's input and files), on
+# 8 virtual CPU devices
 # (tests_jax/conftest.py). Python 3.12 where found, the Python of the H200
 # image the GPU bench runs on (jax 0.11.2; on 3.11 jax stops at 0.10.2).
 # Its equivalence tests run their TensorFlow side in .venv (TF_PYTHON).
@@ -132,16 +133,23 @@ test-tpu-build: $(TPU_VENV)/.installed
 check-requirements: venv
 	$(PY) -m requirements.wheel_metadata --resolve
 
-demo: DEMO_START := $(shell date +%s)
-demo: venv
-	rm -rf $(DEMO_RUN) $(DEMO_DATA)
-	$(PY) -m data.make_synthetic --output_dir=$(DEMO_DATA)/images \
+# The demo's data: 10 synthetic classes of 40 px, 2,000 train and 250
+# validation images, as TFRecords; $(1) is the Python that builds them.
+define demo_data
+	rm -rf $(DEMO_DATA)
+	$(1) -m data.make_synthetic --output_dir=$(DEMO_DATA)/images \
 	    --num_classes=10 --images_per_class=200 \
 	    --validation_images_per_class=25 --image_size=40
-	$(PY) -m data.build_tfrecords --input_dir=$(DEMO_DATA)/images/train \
+	$(1) -m data.build_tfrecords --input_dir=$(DEMO_DATA)/images/train \
 	    --output_dir=$(DEMO_DATA)/tfrecords --split=train --num_shards=4
-	$(PY) -m data.build_tfrecords --input_dir=$(DEMO_DATA)/images/validation \
+	$(1) -m data.build_tfrecords --input_dir=$(DEMO_DATA)/images/validation \
 	    --output_dir=$(DEMO_DATA)/tfrecords --split=validation --num_shards=2
+endef
+
+demo: DEMO_START := $(shell date +%s)
+demo: venv
+	rm -rf $(DEMO_RUN)
+	$(call demo_data,$(PY))
 	$(PY) main.py --flagfile=flags/cpu_demo.cfg \
 	    --data_dir=$(DEMO_DATA)/tfrecords --model_dir=$(DEMO_RUN)
 	$(PY) -m tools.export_savedmodel --model_dir=$(DEMO_RUN) \
@@ -151,6 +159,27 @@ demo: venv
 	$(PY) -m tools.plot_metrics --model_dir=$(DEMO_RUN)
 	@$(PY) -m tools.demo_summary --model_dir=$(DEMO_RUN) \
 	    --saved_model_eval=$(DEMO_RUN)/saved_model_eval.json \
+	    --start_time=$(DEMO_START)
+
+# The same demo on the JAX engine (README "Running on JAX"), in .venv-jax:
+# it trains, checkpoints, evaluates and exports on 4 virtual CPU devices;
+# the SavedModel is scored by TensorFlow, as make demo's.
+DEMO_JAX_RUN := runs/demo-jax
+
+demo-jax: DEMO_START := $(shell date +%s)
+demo-jax: $(JAX_VENV)/.installed
+	rm -rf $(DEMO_JAX_RUN)
+	$(call demo_data,$(JAX_PY))
+	$(JAX_PY) main.py --backend=jax --flagfile=flags/cpu_demo.cfg \
+	    --data_dir=$(DEMO_DATA)/tfrecords --model_dir=$(DEMO_JAX_RUN) \
+	    --export_dir=$(DEMO_JAX_RUN)/export
+	KERAS_BACKEND=tensorflow $(JAX_PY) -m tools.evaluate \
+	    --saved_model=$(DEMO_JAX_RUN)/export \
+	    --data_dir=$(DEMO_DATA)/tfrecords > $(DEMO_JAX_RUN)/saved_model_eval.json
+	KERAS_BACKEND=tensorflow $(JAX_PY) -m tools.plot_metrics \
+	    --model_dir=$(DEMO_JAX_RUN)
+	@$(JAX_PY) -m tools.demo_summary --model_dir=$(DEMO_JAX_RUN) \
+	    --saved_model_eval=$(DEMO_JAX_RUN)/saved_model_eval.json \
 	    --start_time=$(DEMO_START)
 
 # Debian's dataset-fashion-mnist: the real photos of make bench (its

@@ -18,7 +18,7 @@ from resnet_tpu.inputs import input_pipeline
 from tools import xla_compile
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.model.distributed_batch_norm import DistributedBatchNormalization
-from resnet_tpu.train.host_loops import LoopResult
+from resnet_tpu.train.loop_result import LoopResult
 from resnet_tpu.train.trainer import Trainer
 from tools import bench_common
 
