@@ -1,6 +1,8 @@
 """keras.applications' ResNet weights converted into --resnet_layout=keras_v1
 (resnet_tpu/model/keras_weights.py, tools/convert_keras_weights.py; issue
 37): the same logits as Keras on the same images, with no download."""
+import os
+
 import h5py
 import keras
 import numpy as np
@@ -157,3 +159,49 @@ def test_a_file_without_the_classifier_leaves_it_fresh(tmp_path):
   with pytest.raises(ValueError, match="--output_dir=.* already holds a "
                      "checkpoint"):
     convert_keras_weights.convert(path, out, 50, SIZE, include_top=False)
+
+
+def _md5(path) -> str:
+  import hashlib  # pylint: disable=g-import-not-at-top
+  return hashlib.md5(open(path, "rb").read()).hexdigest()
+
+
+def test_imagenet_weights_are_fetched_through_get_file_checked_and_cached(
+    tmp_path):
+  """--keras_weights=imagenet from a local origin (nothing downloads in a
+  test): the file is fetched once, checked against its md5, cached."""
+  mirror = tmp_path / "mirror"
+  mirror.mkdir()
+  name = convert_keras_weights.weights_file_name(50, include_top=False)
+  assert name == "resnet50_weights_tf_dim_ordering_tf_kernels_notop.h5"
+  _save_keras2_h5(_randomised(include_top=False), str(mirror / name))
+  md5 = _md5(mirror / name)
+  cache = str(tmp_path / "cache")
+  os.mkdir(cache)  # get_file falls back to /tmp/.keras without it
+  path = convert_keras_weights.fetch_imagenet_weights(
+      50, False, f"file://{mirror}", md5=md5, cache_dir=cache)
+  assert path == f"{cache}/models/{name}" and _md5(path) == md5
+  (mirror / name).unlink()  # cached: not fetched again
+  assert convert_keras_weights.fetch_imagenet_weights(
+      50, False, f"file://{mirror}", md5=md5, cache_dir=cache) == path
+  out = str(tmp_path / "converted")
+  convert_keras_weights.convert(path, out, 50, SIZE, include_top=False)
+  assert tf.train.latest_checkpoint(out)
+
+
+def test_imagenet_weights_that_fail_their_check_or_fetch_are_named(tmp_path):
+  mirror = tmp_path / "mirror"
+  mirror.mkdir()
+  name = convert_keras_weights.weights_file_name(50, include_top=True)
+  (mirror / name).write_bytes(b"not the weights")
+  cache = str(tmp_path / "cache")
+  os.mkdir(cache)
+  # Keras's own md5 of the real file: this one fails it.
+  with pytest.raises(ValueError, match=rf"fetching file://{mirror}/{name} "
+                     "failed .*pass its path as --keras_weights"):
+    convert_keras_weights.fetch_imagenet_weights(
+        50, True, f"file://{mirror}", cache_dir=cache)
+  with pytest.raises(ValueError, match=r"fetching file://.*/none/resnet101"
+                     r"_weights_tf_dim_ordering_tf_kernels.h5 failed"):
+    convert_keras_weights.fetch_imagenet_weights(
+        101, True, f"file://{tmp_path}/none", cache_dir=cache)

@@ -1,13 +1,15 @@
 """keras.applications' ImageNet ResNet weights as a run this project starts from.
 
-  python -m tools.convert_keras_weights \
-      --keras_weights=resnet50_weights_tf_dim_ordering_tf_kernels.h5 \
+  python -m tools.convert_keras_weights --keras_weights=imagenet \
       --output_dir=gs://bucket/keras_resnet50 [--depth=50] [--image_size=224]
   python main.py --flagfile=flags/... --resnet_layout=keras_v1 \
       --input_normalization=caffe --init_checkpoint=gs://bucket/keras_resnet50 --num_classes=N ...
 
---keras_weights is a weights file downloaded elsewhere (nothing is fetched
-here): with the classifier ("..._tf_kernels.h5", 1,000 ImageNet classes in
+--keras_weights is a weights file: `imagenet` fetches keras.applications'
+own file through keras.utils.get_file, from --keras_weights_origin (Keras's
+bucket; a mirror on a host without that network), checked against Keras's
+md5 and cached in ~/.keras/models; or a file downloaded elsewhere. With the
+classifier ("..._tf_kernels.h5", 1,000 ImageNet classes in
 synset order, which is this project's label order) or without it
 (--noinclude_top, "..._notop.h5": the classifier stays freshly initialised,
 so fine-tune it with another --num_classes or train it). The output folder
@@ -37,11 +39,29 @@ from resnet_tpu.model.resnet import build_model
 FLAGS = flags.FLAGS
 KERAS_RESNETS = {50: "ResNet50", 101: "ResNet101", 152: "ResNet152"}
 IMAGENET_CLASSES = 1000
+# Where keras.applications fetches its ResNet weights, and their md5 (with
+# the classifier, without): BASE_WEIGHTS_PATH and WEIGHTS_HASHES of
+# keras-team/keras v3.15.1, keras/src/applications/resnet.py.
+KERAS_WEIGHTS_ORIGIN = (
+    "https://storage.googleapis.com/tensorflow/keras-applications/resnet/")
+KERAS_WEIGHTS_MD5 = {
+    50: ("2cb95161c43110f7111970584f804107",
+         "4d473c1dd8becc155b73f8504c6f6626"),
+    101: ("f1aeb4b969a6efcfb50fad2f0c20cfc5",
+          "88cf7a10940856eca736dc7b7e228a21"),
+    152: ("100835be76be38e30d865e96f2aaae62",
+          "ee4c566cf9a93f14d82f913c2dc6dd0c"),
+}
 
 
 def define_flags() -> None:
   flags.DEFINE_string("keras_weights", None, "keras.applications ResNet "
-                      "weights file (.h5 or .weights.h5).")
+                      "weights file (.h5 or .weights.h5), or imagenet: "
+                      "Keras's own, fetched from --keras_weights_origin.")
+  flags.DEFINE_string("keras_weights_origin", KERAS_WEIGHTS_ORIGIN,
+                      "Where --keras_weights=imagenet fetches the file "
+                      "from (a URL of the folder; file:// for a local "
+                      "mirror).")
   flags.DEFINE_string("output_dir", None, "Folder to write the checkpoint "
                       "and config.json into (local or gs://).")
   flags.DEFINE_enum("depth", "50", [str(d) for d in KERAS_RESNETS],
@@ -50,6 +70,36 @@ def define_flags() -> None:
                        "will start from it (the weights fit any size).")
   flags.DEFINE_bool("include_top", True, "The file holds the 1,000-class "
                     "classifier (false for the _notop files).")
+
+
+def weights_file_name(depth: int, include_top: bool) -> str:
+  """keras.applications' name of the ResNet-<depth> ImageNet file."""
+  top = "" if include_top else "_notop"
+  return f"resnet{depth}_weights_tf_dim_ordering_tf_kernels{top}.h5"
+
+
+def fetch_imagenet_weights(depth: int, include_top: bool,
+                           origin: str = KERAS_WEIGHTS_ORIGIN,
+                           md5: str = "", cache_dir: str | None = None
+                           ) -> str:
+  """--keras_weights=imagenet: Keras's weights file of `origin` (a folder
+  URL), fetched through keras.utils.get_file as keras.applications does,
+  checked against its md5 (KERAS_WEIGHTS_MD5 unless `md5`) and cached (a
+  cached file is not fetched again); returns its path. ValueError names
+  the URL when the fetch or the check fails."""
+  name = weights_file_name(depth, include_top)
+  url = origin.rstrip("/") + "/" + name
+  expected = md5 or KERAS_WEIGHTS_MD5[depth][0 if include_top else 1]
+  try:
+    return keras.utils.get_file(name, url, cache_subdir="models",
+                                file_hash=expected, cache_dir=cache_dir)
+  except Exception as error:  # pylint: disable=broad-except
+    reason = (str(error).strip().splitlines() or [""])[0]
+    raise ValueError(
+        f"--keras_weights=imagenet: fetching {url} failed "
+        f"({type(error).__name__}: {reason}). Download it elsewhere and "
+        "pass its path as --keras_weights, or set --keras_weights_origin "
+        "to a mirror.") from None
 
 
 def keras_model(path: str, depth: int, image_size: int,
@@ -106,9 +156,12 @@ def main(argv: list[str]) -> None:
   try:
     if not FLAGS.keras_weights or not FLAGS.output_dir:
       raise ValueError("Set --keras_weights and --output_dir.")
-    checkpoint = convert(FLAGS.keras_weights, FLAGS.output_dir,
-                         int(FLAGS.depth), FLAGS.image_size,
-                         FLAGS.include_top)
+    path = FLAGS.keras_weights
+    if path == "imagenet":
+      path = fetch_imagenet_weights(int(FLAGS.depth), FLAGS.include_top,
+                                    FLAGS.keras_weights_origin)
+    checkpoint = convert(path, FLAGS.output_dir, int(FLAGS.depth),
+                         FLAGS.image_size, FLAGS.include_top)
   except ValueError as error:
     raise app.UsageError(str(error)) from error
   print(f"Wrote {checkpoint}. Fine-tune from it with --resnet_layout=keras_v1 "
