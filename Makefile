@@ -7,8 +7,8 @@ DEMO_DATA := demo_data
 DEMO_RUN := runs/demo
 
 .PHONY: venv lint test test-tf test-jax constraints bench-gpu bench-gpu-wheels \
-	fashion-mnist test-lab test-tpu-build check-requirements demo demo-jax bench \
-	bench-collectives bench-cpu-kernels profile-ops accelerator-check study \
+	fashion-mnist test-lab test-tpu-build check-requirements demo demo-jax \
+	bench bench-eval-stall bench-collectives bench-cpu-kernels profile-ops accelerator-check study \
 	study-ladder study-recipe-choice study-recipe study-recipe-long \
 	study-recipe-revised study-recipe-crop study-regime clean
 
@@ -199,13 +199,24 @@ fashion-mnist:
 
 # Each benchmark alternates its variants and merges its headline ratios into
 # bench_results/summary.json; bench_report assembles REPORT.md.
+# BENCH_DIR: where the results go (another folder times a run without
+# touching the committed one).
+BENCH_DIR ?= bench_results
+
 bench: venv fashion-mnist
-	$(PY) -m lab.bench_train --output_dir=bench_results
-	$(PY) -m lab.bench_bn_groups --output_dir=bench_results
-	$(PY) -m lab.bench_eval --output_dir=bench_results
-	$(PY) -m lab.bench_input --output_dir=bench_results
-	$(PY) -m lab.allreduce_sim --output_dir=bench_results
-	$(PY) -m lab.bench_report --output_dir=bench_results
+	$(PY) -m lab.bench_train --output_dir=$(BENCH_DIR)
+	$(PY) -m lab.bench_bn_groups --output_dir=$(BENCH_DIR)
+	$(PY) -m lab.bench_eval --output_dir=$(BENCH_DIR)
+	$(PY) -m lab.bench_input --output_dir=$(BENCH_DIR)
+	$(PY) -m lab.allreduce_sim --output_dir=$(BENCH_DIR)
+	$(PY) -m lab.bench_report --output_dir=$(BENCH_DIR)
+
+# The evaluation iterators of before issue 38 against today's: the old
+# ones wait minutes per run, so this comparison is not part of make bench.
+bench-eval-stall: venv fashion-mnist
+	$(PY) -m lab.bench_eval --output_dir=$(BENCH_DIR) \
+	    --variants=long_lived,per_evaluation
+	$(PY) -m lab.bench_report --output_dir=$(BENCH_DIR)
 
 # ResNet-50 training steps on one GPU, the project's JAX step beside stock
 # Keras and torchvision (lab/bench_gpu.py), in a Python with JAX and Keras

@@ -1,18 +1,21 @@
 """Where users wait: evaluation, checkpoint saves and the end of a run.
 
-  python -m lab.bench_eval --output_dir=bench_results [--tiny]
+  python -m lab.bench_eval --output_dir=bench_results [--tiny] \
+      [--variants=long_lived,per_evaluation]
 
 Each sample is one training run in its own process, as `make study` runs
 them: 8 virtual CPU replicas under MirroredStrategy, the study's narrow
 ResNet on Fashion-MNIST (lab/study_data.py), evaluating the whole test set
-every --eval_every steps, by run.run. Two variants alternate A B A B:
+every --eval_every steps, by run.run. --variants, alternating A B A B:
 
 - `long_lived`: today's trainer (resnet_tpu/train/iterators.py): one
   evaluation iterator for the run, input iterators dropped on a thread
-  of their own when fit returns;
+  of their own when fit returns; alone in `make bench` (eval.json);
 - `per_evaluation`: the trainer as it was before issue 38, patched back in
   for this variant only: a new evaluation iterator per evaluation, each
-  input iterator deleted on the thread that trained.
+  input iterator deleted on the thread that trained. It waits minutes per
+  run, so the before/after comparison has a target of its own, `make
+  bench-eval-stall` (eval_stall.json).
 
 Each sample records every evaluation's seconds, evaluation and training
 images/s, the seconds each checkpoint save blocked training, the seconds
@@ -39,6 +42,8 @@ from absl import logging
 
 FLAGS = flags.FLAGS
 VARIANTS = ("long_lived", "per_evaluation")
+# What the before/after run adds to summary.json.
+STALL_HEADLINES = ("eval_seconds_old_over_new", "last_step_to_return_s_old")
 REPLICAS = 8
 
 
@@ -240,21 +245,26 @@ def summarise(samples: list[dict]) -> dict:
 
 
 def headlines(summary: dict) -> dict:
-  new, old = summary["long_lived"], summary["per_evaluation"]
+  """Today's headlines; with the variant of before, the comparisons."""
+  new = summary["long_lived"]
   rep = new["eval_seconds"]
-  return {
+  heads = {
       "eval_vs_train_images_per_sec":
           new["eval_images_per_sec"]["median"]
           / new["train_images_per_sec"]["median"],
       "eval_seconds_max_over_median": rep["max"] / rep["median"],
-      "eval_seconds_old_over_new":
-          old["eval_seconds"]["median"] / rep["median"],
       "last_step_to_return_s": new["last_step_to_return_s"]["median"],
-      "last_step_to_return_s_old": old["last_step_to_return_s"]["median"],
       "save_blocks_s": new["save_seconds"]["median"],
       "resnet50_save_blocks_s":
           summary["resnet50_saves"]["sync_blocks_s"]["median"],
   }
+  if "per_evaluation" in summary:
+    old = summary["per_evaluation"]
+    heads["eval_seconds_old_over_new"] = (old["eval_seconds"]["median"]
+                                          / rep["median"])
+    heads["last_step_to_return_s_old"] = (
+        old["last_step_to_return_s"]["median"])
+  return heads
 
 
 def _cell(value: dict, digits: int) -> str:
@@ -265,29 +275,38 @@ def _cell(value: dict, digits: int) -> str:
 def headline_ranges(summary: dict, saves: dict) -> dict:
   """Each headline's range over the runs (ratios: each side's range over
   the other's median)."""
-  new, old = summary["long_lived"], summary["per_evaluation"]
+  new = summary["long_lived"]
   train = new["train_images_per_sec"]["median"]
   evals = new["eval_seconds"]
-  return {
+  ranges = {
       "eval_vs_train_images_per_sec": [
           new["eval_images_per_sec"]["min"] / train,
           new["eval_images_per_sec"]["max"] / train],
       "eval_seconds_max_over_median": [evals["max"] / evals["median"]] * 2,
-      "eval_seconds_old_over_new": [
-          old["eval_seconds"]["min"] / evals["median"],
-          old["eval_seconds"]["max"] / evals["median"]],
       "last_step_to_return_s": [new["last_step_to_return_s"]["min"],
                                 new["last_step_to_return_s"]["max"]],
-      "last_step_to_return_s_old": [old["last_step_to_return_s"]["min"],
-                                    old["last_step_to_return_s"]["max"]],
       "save_blocks_s": [new["save_seconds"]["min"],
                         new["save_seconds"]["max"]],
       "resnet50_save_blocks_s": [min(saves["sync_blocks_s"]),
                                  max(saves["sync_blocks_s"])],
   }
+  if "per_evaluation" in summary:
+    old = summary["per_evaluation"]
+    ranges["eval_seconds_old_over_new"] = [
+        old["eval_seconds"]["min"] / evals["median"],
+        old["eval_seconds"]["max"] / evals["median"]]
+    ranges["last_step_to_return_s_old"] = [
+        old["last_step_to_return_s"]["min"],
+        old["last_step_to_return_s"]["max"]]
+  return ranges
 
 
-def markdown(summary: dict, setup: dict, heads: dict) -> str:
+COLUMNS = {"long_lived": "one iterator per run (today)",
+           "per_evaluation": "one per evaluation (before)"}
+
+
+def markdown(summary: dict, setup: dict, heads: dict,
+             variants: list[str]) -> str:
   rows = (("eval_seconds", "evaluation after the first, s", 2),
           ("eval_images_per_sec", "evaluation after the first, images/s",
            0),
@@ -300,24 +319,24 @@ def markdown(summary: dict, setup: dict, heads: dict) -> str:
   lines = [
       "### Evaluation and the end of a run on 8 virtual CPU replicas",
       "",
-      f"{setup['repetitions']} alternating runs per variant, each its own "
+      f"{setup['repetitions']} {'alternating ' if len(variants) > 1 else ''}"
+      f"runs per variant, each its own "
       f"process: narrow ResNet, {setup['num_train']} Fashion-MNIST training "
       f"images, batch {setup['batch']}, {setup['steps']} steps, the "
       f"{setup['num_test']} test images evaluated every "
       f"{setup['eval_every']} steps. Median (min-max) over every "
       "evaluation, save or run.",
       "",
-      "| measurement | one iterator per run (today) | "
-      "one per evaluation (before) |",
-      "|---|---:|---:|",
+      "| measurement | " + " | ".join(COLUMNS[v] for v in variants) + " |",
+      "|---|" + "---:|" * len(variants),
   ]
   for key, name, digits in rows:
     cells = [f"{summary[v][key]['median']:.{digits}f} "
              f"({summary[v][key]['min']:.{digits}f}-"
-             f"{summary[v][key]['max']:.{digits}f})" for v in VARIANTS]
-    lines.append(f"| {name} | {cells[0]} | {cells[1]} |")
+             f"{summary[v][key]['max']:.{digits}f})" for v in variants]
+    lines.append(f"| {name} | " + " | ".join(cells) + " |")
   lines += ["", "Runs killed at the timeout: " + ", ".join(
-      f"{v} {summary[v]['timed_out']}" for v in VARIANTS) + ".",
+      f"{v} {summary[v]['timed_out']}" for v in variants) + ".",
             "", "Today: evaluation images/s / training images/s "
             f"{heads['eval_vs_train_images_per_sec']:.1f}x; the slowest "
             "repeated evaluation / their median "
@@ -362,6 +381,12 @@ def main(argv: list[str]) -> None:
     setup.update(num_train=64, num_test=64, batch=16, eval_batch=16,
                  steps=4, eval_every=2, repetitions=1, save_depth=18,
                  save_image_size=32, save_repetitions=1)
+  variants = FLAGS.variants.split(",")
+  if variants not in (["long_lived"], list(VARIANTS)):
+    raise app.UsageError(f"--variants must be long_lived or "
+                         f"{','.join(VARIANTS)}, got {FLAGS.variants!r}.")
+  # make bench: today's alone (eval.*); the comparison: eval_stall.*.
+  stem = "eval" if len(variants) == 1 else "eval_stall"
   from lab import study_data
   from tools import bench_common
   os.makedirs(FLAGS.scratch_dir, exist_ok=True)
@@ -369,15 +394,15 @@ def main(argv: list[str]) -> None:
   if "runs" in parts:
     data = study_data.study_data(FLAGS.cache_dir, "", setup["num_train"],
                                  setup["num_test"], FLAGS.fashion_mnist_dir)
-    samples = {v: [] for v in VARIANTS}
+    samples = {v: [] for v in variants}
     for repetition in range(setup["repetitions"]):
-      for variant in VARIANTS:
+      for variant in variants:
         sample = run_child(variant, data.data_dir,
                            f"{variant}_{repetition}", setup)
         logging.info("%s %d: %s", variant, repetition, sample)
         samples[variant].append(sample)
   else:  # the runs of the last eval.json, saves measured again
-    with open(os.path.join(FLAGS.output_dir, "eval.json")) as f:
+    with open(os.path.join(FLAGS.output_dir, f"{stem}.json")) as f:
       earlier = json.load(f)
     samples, setup = earlier["samples"], dict(earlier["setup"], **{
         k: v for k, v in setup.items() if k.startswith("save_")})
@@ -390,12 +415,16 @@ def main(argv: list[str]) -> None:
       {key: saves[key] for key in ("megabytes", "async_error")
        if key in saves})
   heads = headlines(summary)
-  report = markdown(summary, setup, heads)
-  bench_common.write_json(FLAGS.output_dir, "eval.json", {
+  report = markdown(summary, setup, heads, list(samples))
+  ranges = headline_ranges(summary, saves)
+  if stem == "eval_stall":  # today's headlines are make bench's (eval.json)
+    heads = {k: heads[k] for k in STALL_HEADLINES}
+    ranges = {k: ranges[k] for k in STALL_HEADLINES}
+  bench_common.write_json(FLAGS.output_dir, f"{stem}.json", {
       "setup": setup, "machine": bench_common.machine(), "summary": summary,
       "samples": samples, "resnet50_saves": saves, **heads,
-      "headline_ranges": headline_ranges(summary, saves)})
-  with open(f"{FLAGS.output_dir}/eval.md", "w") as f:
+      "headline_ranges": ranges})
+  with open(f"{FLAGS.output_dir}/{stem}.md", "w") as f:
     f.write(report)
   bench_common.merge_summary(FLAGS.output_dir, heads)
   print(report)
@@ -416,6 +445,10 @@ if __name__ == "__main__":
   flags.DEFINE_integer("repetitions", 3, "Runs per variant, alternating.")
   flags.DEFINE_integer("timeout_s", 900, "A run's limit in seconds.")
   flags.DEFINE_bool("tiny", False, "Smoke-test sizes.")
+  flags.DEFINE_string("variants", "long_lived", "long_lived (today's "
+                      "trainer: make bench, eval.json) or long_lived,"
+                      "per_evaluation (before and after issue 38's fix: "
+                      "make bench-eval-stall, eval_stall.json).")
   flags.DEFINE_string("parts", "runs,saves", "runs: the training runs; "
                       "saves: the ResNet-50 save timing (alone: it reuses "
                       "the runs of the last eval.json).")

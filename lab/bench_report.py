@@ -27,6 +27,8 @@ PARTS = (
      "Mikami et al. (lab/allreduce_sim.py)", RERUN),
     ("eval.md", "Evaluation, checkpoint saves and the end of a run "
      "(lab/bench_eval.py)", RERUN),
+    ("eval_stall.md", "Developer: evaluation iterators before and after "
+     "issue 38's fix (lab/bench_eval.py)", "make bench-eval-stall"),
     ("collectives.md", "Developer: BN group all-reduce, collective vs masked "
      "(lab/dev/bench_collectives.py)", "make bench-collectives"),
     ("cpu_kernels.md", "Developer: CPU kernels, oneDNN vs Eigen "
@@ -42,7 +44,12 @@ MEANINGS = {
                           "keras.applications.ResNet50, float32",
     "ours_vs_keras_bf16": "the same in bfloat16",
     "mfu_bf16": "model FLOP utilisation of our bfloat16 step "
-                "(of the bfloat16 matmul peak)",
+                "(of the bfloat16 matmul peak, next row)",
+    "matmul_peak_bf16_gflop_s": "GFLOP/s (not a ratio), the bfloat16 "
+                                "2048^2 matmul peak mfu_bf16 divides by, "
+                                "this run on the CPU named below",
+    "matmul_peak_fp32_gflop_s": "GFLOP/s (not a ratio), the float32 matmul "
+                                "peak of the same run",
     "bn_group4_vs_group1": "step time, bn_group_size 4 / 1, "
                            "8 CPU replicas",
     "statistics_local_vs_broadcast": "step time, BN moving statistics "
@@ -104,8 +111,10 @@ def headline_table(summary: dict[str, float],
 
 
 def _describe(machine: dict) -> str:
-  features = ", ".join(f"{name} {'yes' if present else 'no'}"
-                       for name, present in machine["cpu_features"].items())
+  # Sorted: files written by older runs list them in another order.
+  features = ", ".join(
+      f"{name} {'yes' if present else 'no'}"
+      for name, present in sorted(machine["cpu_features"].items()))
   return (f"{machine['cores']} cores of {machine['cpu']} ({features}), "
           f"TensorFlow {machine['tensorflow']}, oneDNN CPU kernels "
           f"{'on' if machine['onednn_kernels'] else 'off'}, "

@@ -210,6 +210,10 @@ def ratios(models: dict) -> dict[str, float]:
       "ours_bf16_vs_ours_fp32": s["ours_bfloat16"] / s["ours_float32"],
       "mfu_bf16_of_fp32_peak": s["ours_bfloat16"] * flops["ours_bfloat16"] /
                                s["matmul_float32"],
+      # The peaks the MFUs divide by (this run, this CPU: its features are
+      # in the JSON's `machine`), so figures of two machines compare.
+      "matmul_peak_bf16_gflop_s": s["matmul_bfloat16"] / 1e9,
+      "matmul_peak_fp32_gflop_s": s["matmul_float32"] / 1e9,
   }
 
 
@@ -369,7 +373,7 @@ def main(argv: list[str]) -> None:
     f.write(report)
   bench_common.merge_summary(FLAGS.output_dir, {
       k: result[k] for k in ("ours_vs_keras_fp32", "ours_vs_keras_bf16",
-                             "mfu_bf16")})
+                             "mfu_bf16", "matmul_peak_bf16_gflop_s")})
   print(report)
   logging.info("ratios: %s", result)
   bench_common.exit_without_teardown()

@@ -20,10 +20,11 @@ HEADLINES = {"train.json": ("ours_vs_keras_fp32", "ours_vs_keras_bf16",
              "bn_groups.json": ("bn_group4_vs_group1",
                                 "statistics_local_vs_broadcast"),
              "eval.json": ("eval_vs_train_images_per_sec",
-                           "eval_seconds_old_over_new",
                            "last_step_to_return_s",
-                           "last_step_to_return_s_old",
-                           "resnet50_save_blocks_s")}
+                           "resnet50_save_blocks_s"),
+             # make bench-eval-stall: the iterators of before, beside.
+             "eval_stall.json": ("eval_seconds_old_over_new",
+                                 "last_step_to_return_s_old")}
 
 
 def _run(module: str, output_dir, *args, timeout=600):
@@ -43,8 +44,10 @@ def results(tmp_path_factory):
        f"--scratch_dir={out}/scratch_bn")
   (out / "idx").mkdir()
   fake_fashion_mnist(out / "idx")
-  _run("lab.bench_eval", out, "--tiny", f"--scratch_dir={out}/scratch_eval",
-       f"--cache_dir={out}/cache_eval", f"--fashion_mnist_dir={out}/idx")
+  for variants in ("long_lived", "long_lived,per_evaluation"):
+    _run("lab.bench_eval", out, "--tiny", f"--variants={variants}",
+         f"--scratch_dir={out}/scratch_eval", f"--cache_dir={out}/cache_eval",
+         f"--fashion_mnist_dir={out}/idx")
   _run("lab.bench_report", out)
   return out
 
@@ -68,6 +71,23 @@ def test_each_headline_ratio_has_its_range_over_repetitions(results):
               f"{ranges[key][1]:.3f} |") in report, key
 
 
+def test_the_report_names_the_peak_the_mfu_divides_by_and_the_cpu(results):
+  summary = json.loads((results / "summary.json").read_text())
+  train = json.loads((results / "train.json").read_text())
+  peak = train["models"]["summary"]["matmul_bfloat16"]["median"] / 1e9
+  assert summary["matmul_peak_bf16_gflop_s"] == pytest.approx(peak)
+  report = (results / "REPORT.md").read_text()
+  rows = [line for line in report.splitlines() if line.startswith("| `")]
+  names = [row.split("`")[1] for row in rows]
+  assert names.index("matmul_peak_bf16_gflop_s") == (
+      names.index("mfu_bf16") + 1)
+  assert f"| {peak:.3f} |" in rows[names.index("matmul_peak_bf16_gflop_s")]
+  features = ", ".join(
+      f"{name} {'yes' if present else 'no'}"
+      for name, present in sorted(train["machine"]["cpu_features"].items()))
+  assert f"({features})" in report
+
+
 def test_report_holds_every_table(results):
   text = (results / "REPORT.md").read_text()
   for heading in ("ours vs keras.applications.ResNet50",
@@ -75,6 +95,11 @@ def test_report_holds_every_table(results):
                   "Distributed BN: group size",
                   "Evaluation and the end of a run"):
     assert heading in text
+  today = (results / "eval.md").read_text()
+  assert "| one iterator per run (today) |\n" in today
+  assert "before" not in today  # make bench leaves the old iterators out
+  assert ("| one iterator per run (today) | one per evaluation (before) |"
+          in (results / "eval_stall.md").read_text())
   assert "| ratio | compares | median | min-max over repetitions |" in text
 
 
@@ -121,7 +146,7 @@ def test_bench_results_holds_one_run_and_the_studies():
   studies = os.path.join(ROOT, "bench_results", "studies")
   if "studies" in folders:
     from lab.study_report import TEXT  # every study lab/study.py writes
-    assert set(os.listdir(studies)) <= {
+    assert set(os.listdir(studies)) <= {"README.md"} | {
         text.file_name + ext for text in TEXT.values()
         for ext in (".md", ".json", ".png")}, os.listdir(studies)
   assert {"REPORT.md", "summary.json", "train.json", "train.md",
