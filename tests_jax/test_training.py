@@ -195,6 +195,17 @@ def test_a_damaged_latest_checkpoint_is_set_aside_and_the_one_before_restored(
   assert "step 4/4: loss" in log
 
 
+def test_a_nan_loss_stops_a_jax_run_without_saving(tmp_path):
+  done = _main(*TINY, "--train_steps=4", "--steps_per_loop=2",
+               "--checkpoint_every_steps=2", "--base_learning_rate=1e30",
+               f"--model_dir={tmp_path}")
+  assert done.returncode == 1
+  assert "NonFiniteLossError: Loss or gradients are NaN/Inf at step" in (
+      done.stderr)
+  assert "the last good checkpoint is none" in done.stderr
+  assert not [n for n in os.listdir(tmp_path) if n.startswith("ckpt")]
+
+
 @pytest.mark.parametrize("flag,message", [
     ("--precision=float16", "--precision=float16 is not supported with "
      "--backend=jax"),

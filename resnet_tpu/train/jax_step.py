@@ -38,7 +38,6 @@ from keras import ops
 from resnet_tpu.parallel.bn_all_reduce_jax import REPLICA_AXES
 
 METRICS = ("loss", "top1", "top5", "examples")
-STEP_METRICS = METRICS + ("nonfinite",)
 
 
 class TrainState(NamedTuple):
@@ -99,10 +98,10 @@ class JaxTrainStep:
 
   `state()` reads the variables' values, `step(state, images, labels)` (one
   jitted call) returns the next state and the step's metric sums over all
-  replicas (STEP_METRICS), `write_back(state)` puts values into the Keras
-  variables; `gradients(state, images, labels)` is the step without its
-  update; `evaluate(state, images, labels, mask)` an eval batch's METRICS
-  sums, in inference mode.
+  replicas (METRICS and "nonfinite"), `write_back(state)` puts values into
+  the Keras variables; `gradients(state, images, labels)` is the step
+  without its update; `evaluate(state, images, labels, mask)` an eval
+  batch's METRICS sums, in inference mode.
   """
 
   def __init__(self, model: keras.Model,
