@@ -1,6 +1,7 @@
 """keras.applications' ResNet weights converted into --resnet_layout=keras_v1
 (resnet_tpu/model/keras_weights.py, tools/convert_keras_weights.py; issue
 37): the same logits as Keras on the same images, with no download."""
+import json
 import os
 
 import h5py
@@ -205,3 +206,30 @@ def test_imagenet_weights_that_fail_their_check_or_fetch_are_named(tmp_path):
                      r"_weights_tf_dim_ordering_tf_kernels.h5 failed"):
     convert_keras_weights.fetch_imagenet_weights(
         101, True, f"file://{tmp_path}/none", cache_dir=cache)
+
+
+def test_the_converted_imagenet_network_names_its_classes(tmp_path):
+  """--class_index: Keras's imagenet_class_index.json (a made-up one of
+  the same shape, fetched from a local origin) becomes the converted
+  run's synsets.txt, which evaluate and predict print."""
+  from tools import evaluate  # pylint: disable=g-import-not-at-top
+  index = tmp_path / "imagenet_class_index.json"
+  index.write_text(json.dumps({str(i): [f"n{i:08d}", f"thing_{i}"]
+                               for i in range(1000)}))
+  cache = str(tmp_path / "cache")
+  os.mkdir(cache)
+  fetched = convert_keras_weights.fetched(
+      "imagenet_class_index.json", f"file://{index}", _md5(index),
+      "--class_index=imagenet", cache)
+  weights = str(tmp_path / "resnet50_weights_tf_dim_ordering_tf_kernels.h5")
+  _save_keras2_h5(_randomised(), weights)
+  out = str(tmp_path / "converted")
+  convert_keras_weights.convert(weights, out, 50, SIZE, class_index=fetched)
+  labels = config_lib.read_config(out)["labels_file"]
+  assert labels == f"{out}/synsets.txt"
+  names = evaluate.class_names(labels, 1000)
+  assert names[0] == "n00000000 thing_0" and names[281] == (
+      "n00000281 thing_281")
+  index.write_text(json.dumps({"0": ["n0", "only"]}))
+  with pytest.raises(ValueError, match="does not list classes 0-999"):
+    convert_keras_weights.write_class_list(str(index), str(tmp_path / "x"))

@@ -8,17 +8,20 @@
 --keras_weights is a weights file: `imagenet` fetches keras.applications'
 own file through keras.utils.get_file, from --keras_weights_origin (Keras's
 bucket; a mirror on a host without that network), checked against Keras's
-md5 and cached in ~/.keras/models; or a file downloaded elsewhere. With the
-classifier ("..._tf_kernels.h5", 1,000 ImageNet classes in
-synset order, which is this project's label order) or without it
-(--noinclude_top, "..._notop.h5": the classifier stays freshly initialised,
-so fine-tune it with another --num_classes or train it). The output folder
-holds a checkpoint and a config.json, as a run's model_dir does: the
-network built with --resnet_layout=keras_v1 and --input_normalization=caffe,
-Keras's BN momentum and epsilon,
-and the weights converted exactly (resnet_tpu/model/keras_weights.py).
+md5 and cached in ~/.keras/models; or a path to a file downloaded
+elsewhere. With the classifier ("..._tf_kernels.h5", 1,000 ImageNet
+classes in synset order, which is this project's label order) the output
+gets a synsets.txt naming them, from Keras's class index (--class_index,
+fetched the same way), which predict, evaluate and the export print; or
+without it (--noinclude_top, "..._notop.h5": the classifier stays freshly
+initialised, so fine-tune it with another --num_classes or train it). The
+output folder holds a checkpoint and a config.json, as a run's model_dir
+does: the network built with --resnet_layout=keras_v1 and
+--input_normalization=caffe, Keras's BN momentum and epsilon, and the
+weights converted exactly (resnet_tpu/model/keras_weights.py).
 tools.evaluate and tools.export_savedmodel read it as they read a run.
 """
+import json
 import os
 import sys
 
@@ -68,8 +71,20 @@ def define_flags() -> None:
                     "ResNet depth of the weights file.")
   flags.DEFINE_integer("image_size", 224, "--image_size of the runs that "
                        "will start from it (the weights fit any size).")
+  flags.DEFINE_string("class_index", "imagenet", "The classes' names: "
+                      "imagenet fetches Keras's imagenet_class_index.json "
+                      "(as decode_predictions does), or its path; '' for "
+                      "none. Written as synsets.txt beside the checkpoint.")
   flags.DEFINE_bool("include_top", True, "The file holds the 1,000-class "
                     "classifier (false for the _notop files).")
+
+
+# Keras's ImageNet class index, as decode_predictions fetches it: its URL
+# and md5 (keras-team/keras v3.15.1,
+# keras/src/applications/imagenet_utils.py: CLASS_INDEX_PATH).
+CLASS_INDEX_URL = ("https://storage.googleapis.com/download.tensorflow.org/"
+                   "data/imagenet_class_index.json")
+CLASS_INDEX_MD5 = "c2c37ea517e94d9795004a39431a14cb"
 
 
 def weights_file_name(depth: int, include_top: bool) -> str:
@@ -78,28 +93,52 @@ def weights_file_name(depth: int, include_top: bool) -> str:
   return f"resnet{depth}_weights_tf_dim_ordering_tf_kernels{top}.h5"
 
 
+def fetched(name: str, url: str, md5: str, flag: str,
+            cache_dir: str | None = None) -> str:
+  """`url` through keras.utils.get_file, as keras.applications fetches
+  (cached in ~/.keras/models, not fetched again; checked against `md5`);
+  ValueError names `flag`, the URL and what failed."""
+  try:
+    return keras.utils.get_file(name, url, cache_subdir="models",
+                                file_hash=md5, cache_dir=cache_dir)
+  except Exception as error:  # pylint: disable=broad-except
+    reason = (str(error).strip().splitlines() or [""])[0]
+    raise ValueError(
+        f"{flag}: fetching {url} failed ({type(error).__name__}: {reason}). "
+        f"Download it elsewhere and pass its path as {flag.split('=')[0]}."
+        ) from None
+
+
 def fetch_imagenet_weights(depth: int, include_top: bool,
                            origin: str = KERAS_WEIGHTS_ORIGIN,
                            md5: str = "", cache_dir: str | None = None
                            ) -> str:
   """--keras_weights=imagenet: Keras's weights file of `origin` (a folder
-  URL), fetched through keras.utils.get_file as keras.applications does,
-  checked against its md5 (KERAS_WEIGHTS_MD5 unless `md5`) and cached (a
-  cached file is not fetched again); returns its path. ValueError names
-  the URL when the fetch or the check fails."""
+  URL), checked against KERAS_WEIGHTS_MD5 (unless `md5`); returns its
+  path (`fetched`)."""
   name = weights_file_name(depth, include_top)
-  url = origin.rstrip("/") + "/" + name
-  expected = md5 or KERAS_WEIGHTS_MD5[depth][0 if include_top else 1]
-  try:
-    return keras.utils.get_file(name, url, cache_subdir="models",
-                                file_hash=expected, cache_dir=cache_dir)
-  except Exception as error:  # pylint: disable=broad-except
-    reason = (str(error).strip().splitlines() or [""])[0]
-    raise ValueError(
-        f"--keras_weights=imagenet: fetching {url} failed "
-        f"({type(error).__name__}: {reason}). Download it elsewhere and "
-        "pass its path as --keras_weights, or set --keras_weights_origin "
-        "to a mirror.") from None
+  return fetched(name, origin.rstrip("/") + "/" + name,
+                 md5 or KERAS_WEIGHTS_MD5[depth][0 if include_top else 1],
+                 "--keras_weights=imagenet", cache_dir)
+
+
+def write_class_list(class_index_path: str, output_dir: str) -> str:
+  """synsets.txt of the converted network's 1,000 classes from Keras's
+  class index ({"0": ["n01440764", "tench"], ...}): `<i>\t<synset>
+  <name>` a line, the names predict and evaluate print. Returns its
+  path."""
+  with tf.io.gfile.GFile(class_index_path) as f:
+    index = json.load(f)
+  if sorted(index, key=int) != [str(i) for i in range(IMAGENET_CLASSES)]:
+    raise ValueError(f"--class_index={class_index_path} does not list "
+                     f"classes 0-{IMAGENET_CLASSES - 1} (Keras's "
+                     "imagenet_class_index.json).")
+  path = os.path.join(output_dir, "synsets.txt")
+  tf.io.gfile.makedirs(output_dir)
+  with tf.io.gfile.GFile(path, "w") as f:
+    f.write("".join(f"{i}\t{index[str(i)][0]} {index[str(i)][1]}\n"
+                    for i in range(IMAGENET_CLASSES)))
+  return path
 
 
 def keras_model(path: str, depth: int, image_size: int,
@@ -131,9 +170,12 @@ def converted_config(output_dir: str, depth: int, image_size: int,
 
 
 def convert(path: str, output_dir: str, depth: int = 50,
-            image_size: int = 224, include_top: bool = True) -> str:
-  """Writes the converted checkpoint and config.json; returns the
-  checkpoint's path. ValueError names what is wrong with the inputs."""
+            image_size: int = 224, include_top: bool = True,
+            class_index: str = "") -> str:
+  """Writes the converted checkpoint and config.json (with synsets.txt
+  from `class_index`, Keras's imagenet_class_index.json, when given);
+  returns the checkpoint's path. ValueError names what is wrong with the
+  inputs."""
   if tf.train.latest_checkpoint(output_dir):
     raise ValueError(f"--output_dir={output_dir} already holds a checkpoint.")
   source = keras_model(path, depth, image_size, include_top)
@@ -147,7 +189,9 @@ def convert(path: str, output_dir: str, depth: int = 50,
   checkpoint = tf.train.CheckpointManager(
       tf.train.Checkpoint(model=model), output_dir, max_to_keep=1).save(
           checkpoint_number=0)
-  config_lib.write_config(cfg)
+  labels = (write_class_list(class_index, output_dir)
+            if class_index and include_top else "")
+  config_lib.write_config(cfg, labels)
   return checkpoint
 
 
@@ -160,8 +204,12 @@ def main(argv: list[str]) -> None:
     if path == "imagenet":
       path = fetch_imagenet_weights(int(FLAGS.depth), FLAGS.include_top,
                                     FLAGS.keras_weights_origin)
+    class_index = FLAGS.class_index
+    if class_index == "imagenet":
+      class_index = fetched("imagenet_class_index.json", CLASS_INDEX_URL,
+                            CLASS_INDEX_MD5, "--class_index=imagenet")
     checkpoint = convert(path, FLAGS.output_dir, int(FLAGS.depth),
-                         FLAGS.image_size, FLAGS.include_top)
+                         FLAGS.image_size, FLAGS.include_top, class_index)
   except ValueError as error:
     raise app.UsageError(str(error)) from error
   print(f"Wrote {checkpoint}. Fine-tune from it with --resnet_layout=keras_v1 "
