@@ -233,3 +233,23 @@ def test_the_converted_imagenet_network_names_its_classes(tmp_path):
   index.write_text(json.dumps({"0": ["n0", "only"]}))
   with pytest.raises(ValueError, match="does not list classes 0-999"):
     convert_keras_weights.write_class_list(str(index), str(tmp_path / "x"))
+
+
+def test_a_local_weights_file_converts_without_fetching_class_names(
+    converted, tmp_path):
+  """--class_index=auto fetches names only with --keras_weights=imagenet:
+  a file given by path converts offline, without synsets.txt."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  weights = str(tmp_path / "weights.h5")
+  _save_keras2_h5(converted[0], weights)
+  out = str(tmp_path / "out")
+  done = subprocess.run(
+      [sys.executable, "-m", "tools.convert_keras_weights",
+       f"--keras_weights={weights}", f"--output_dir={out}",
+       f"--image_size={SIZE}"], cwd=root, capture_output=True, text=True,
+      timeout=300, env=dict(os.environ, https_proxy="http://0.0.0.0:9"))
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert config_lib.read_config(out)["labels_file"] == ""
+  assert not os.path.exists(os.path.join(out, "synsets.txt"))

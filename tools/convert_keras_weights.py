@@ -71,10 +71,12 @@ def define_flags() -> None:
                     "ResNet depth of the weights file.")
   flags.DEFINE_integer("image_size", 224, "--image_size of the runs that "
                        "will start from it (the weights fit any size).")
-  flags.DEFINE_string("class_index", "imagenet", "The classes' names: "
+  flags.DEFINE_string("class_index", "auto", "The classes' names: "
                       "imagenet fetches Keras's imagenet_class_index.json "
                       "(as decode_predictions does), or its path; '' for "
-                      "none. Written as synsets.txt beside the checkpoint.")
+                      "none; auto: imagenet with --keras_weights=imagenet, "
+                      "else none (nothing fetched for a local file). "
+                      "Written as synsets.txt beside the checkpoint.")
   flags.DEFINE_bool("include_top", True, "The file holds the 1,000-class "
                     "classifier (false for the _notop files).")
 
@@ -205,6 +207,8 @@ def main(argv: list[str]) -> None:
       path = fetch_imagenet_weights(int(FLAGS.depth), FLAGS.include_top,
                                     FLAGS.keras_weights_origin)
     class_index = FLAGS.class_index
+    if class_index == "auto":
+      class_index = "imagenet" if FLAGS.keras_weights == "imagenet" else ""
     if class_index == "imagenet":
       class_index = fetched("imagenet_class_index.json", CLASS_INDEX_URL,
                             CLASS_INDEX_MD5, "--class_index=imagenet")
