@@ -44,7 +44,7 @@ MEANINGS = {
                           "keras.applications.ResNet50, float32",
     "ours_vs_keras_bf16": "the same in bfloat16",
     "mfu_bf16": "model FLOP utilisation of our bfloat16 step "
-                "(of the bfloat16 matmul peak, next row)",
+                "(of the bfloat16 matmul peak, matmul_peak_bf16_gflop_s)",
     "matmul_peak_bf16_gflop_s": "GFLOP/s (not a ratio), the bfloat16 "
                                 "2048^2 matmul peak mfu_bf16 divides by, "
                                 "this run on the CPU named below",
