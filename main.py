@@ -16,6 +16,7 @@ and chosen its C++ log level, CPU kernels and TPU runtime
 when it loads: the flags and the config they fill import no TensorFlow.
 """
 import sys
+from typing import Callable
 
 from absl import app
 from absl import flags
@@ -63,8 +64,6 @@ def main(argv: list[str], model_fn=None) -> None:
   import tensorflow as tf
 
   from resnet_tpu.runtime import cpu_kernels
-  from resnet_tpu.train import preemption
-  from resnet_tpu.train.storage import StorageError
   from resnet_tpu.run import run
   # pylint: enable=g-import-not-at-top
   logging.info("CPU kernels: %s; TensorFlow runs oneDNN's: %s", chosen,
@@ -72,32 +71,30 @@ def main(argv: list[str], model_fn=None) -> None:
   # tf.distribute logs every collective it builds at INFO; keep ours readable.
   tf.get_logger().setLevel("WARNING")
   cfg = resnet_flags.config_from_flags(FLAGS).replace(strategy=kind)
-  try:
-    result = run(cfg, model_fn=model_fn)
-  except (ConfigError, StorageError) as error:  # one line, no traceback
-    sys.exit(f"main.py: error: {error}")
-  except preemption.Restartable as stop:
-    logging.warning("%s", stop)
-    sys.exit(stop.exit_code)
-  logging.info("Final: %s", result)
+  finish(lambda: run(cfg, model_fn=model_fn))
 
 
 def main_jax() -> None:
-  """Trains the flags' TrainConfig on the JAX engine (run_jax.py)."""
-  try:
-    process_setup.require_tensorflow_for_jax()
-  except ConfigError as error:
-    sys.exit(f"main.py: error: {error}")
+  """Trains the flags' TrainConfig on the JAX engine (run_jax.py); main
+  turns the ConfigError of a missing TensorFlow into one line."""
+  process_setup.require_tensorflow_for_jax()
   devices = process_setup.jax_platform(FLAGS.strategy, FLAGS.num_cpu_replicas)
   logging.info("JAX devices: %s (--strategy=%s)", devices, FLAGS.strategy)
-  # pylint: disable=g-import-not-at-top  (after the engine's environment)
+  # pylint: disable-next=g-import-not-at-top  (after the engine's settings)
   from resnet_tpu import run_jax
+  cfg = resnet_flags.config_from_flags(FLAGS).replace(backend="jax")
+  finish(lambda: run_jax.run(cfg))
+
+
+def finish(train: Callable[[], dict]) -> None:
+  """Runs either engine's `train`: user and storage errors end in one line
+  without a traceback, a restartable stop in its exit code."""
+  # pylint: disable=g-import-not-at-top  (the engine's modules load first)
   from resnet_tpu.train import preemption
   from resnet_tpu.train.storage import StorageError
   # pylint: enable=g-import-not-at-top
-  cfg = resnet_flags.config_from_flags(FLAGS).replace(backend="jax")
   try:
-    result = run_jax.run(cfg)
+    result = train()
   except (ConfigError, StorageError) as error:  # one line, no traceback
     sys.exit(f"main.py: error: {error}")
   except preemption.Restartable as stop:

@@ -182,10 +182,7 @@ class JaxTrainer:
       if do_eval:
         last = evaluate()
       if preempted:
-        raise preemption.Preempted(
-            f"Preempted (SIGTERM) at step {step}/{total}: saved {path}. Run "
-            "the same command again to resume; exit code "
-            f"{preemption.PREEMPTED_EXIT_CODE}.")
+        raise preemption.Preempted.saved(step, total, path)
     return last
 
   def _host_loop(self, batches: Batches, num_steps: int) -> LoopResult:

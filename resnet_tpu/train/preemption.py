@@ -37,6 +37,13 @@ class Preempted(Restartable):
   """SIGTERM was received and a checkpoint was written."""
   exit_code = PREEMPTED_EXIT_CODE
 
+  @classmethod
+  def saved(cls, step: int, total: int, path: str) -> "Preempted":
+    """The stop of either engine's trainer after saving `path`."""
+    return cls(f"Preempted (SIGTERM) at step {step}/{total}: saved {path}. "
+               "Run the same command again to resume; exit code "
+               f"{PREEMPTED_EXIT_CODE}.")
+
 
 class WorkerLost(Restartable):
   """A collective failed because another worker died or timed out."""

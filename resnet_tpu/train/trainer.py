@@ -283,10 +283,7 @@ class Trainer:
       if do_eval:
         last = evaluate()
       if preempted:
-        raise preemption.Preempted(
-            f"Preempted (SIGTERM) at step {step}/{total}: saved {path}. Run "
-            "the same command again to resume; exit code "
-            f"{preemption.PREEMPTED_EXIT_CODE}.")
+        raise preemption.Preempted.saved(step, total, path)
     return last
 
   def _loss_scale_at_floor(self) -> bool:
