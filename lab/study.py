@@ -132,10 +132,10 @@ def define_flags() -> None:
                     "scale's replicas.")
 
 
-def command(argv: list[str]) -> str:
+def command(argv: list[str], module: str = "lab.study") -> str:
   """The command line without machine-specific path flags."""
   kept = [a for a in argv[1:] if not a.startswith(PATH_FLAGS)]
-  return " ".join(["python -m lab.study"] + kept)
+  return " ".join([f"python -m {module}"] + kept)
 
 
 def chosen_lr_scales(path: str, scale: study_plan.Scale,

@@ -10,10 +10,15 @@ same label smoothing, batch and steps. What it trained with is read back
 from the built optimizer, model and loss (lab/study_settings.py) and
 recorded as `trained_with`. Its training loss is recorded as the
 project's is (TRAIN_LOSS), not as `fit` logs it (with the L2 term).
+With `zoom_min_area` below 1 (the confirmatory study, lab/confirm_plan.py)
+it also zooms each training image in at random with Keras's own
+RandomZoom layer, keeping a square of at least that share of the image
+(centred, as RandomZoom zooms: the project's crop is placed at random).
 Evaluation: plain resize of every test image. Nothing of the project's
 path (its input pipeline, zero-init gamma, distributed BN, its schedule
 code, its trainer) is used, so the comparison prices all of them at once.
 """
+import math
 import time
 
 import keras
@@ -31,7 +36,16 @@ TRAIN_LOSS = ("cross-entropy with label smoothing, without the L2 term, "
               "mean over the last quarter of the steps")
 
 
-def _dataset(cfg: TrainConfig, split: str, training: bool) -> tf.data.Dataset:
+def random_zoom(min_area: float, seed: int) -> keras.layers.RandomZoom:
+  """Keras's RandomZoom keeping a square of `min_area` to all of the image:
+  a zoom-in of up to 1 - sqrt(min_area) of each side."""
+  return keras.layers.RandomZoom(
+      height_factor=(-(1.0 - math.sqrt(min_area)), 0.0), width_factor=None,
+      seed=seed)
+
+
+def _dataset(cfg: TrainConfig, split: str, training: bool,
+             zoom_min_area: float = 1.0) -> tf.data.Dataset:
   files = tf.io.gfile.glob(f"{cfg.input.data_dir}/{split}-*-of-*")
   features = {"image/encoded": tf.io.FixedLenFeature([], tf.string),
               "image/class/label": tf.io.FixedLenFeature([], tf.int64)}
@@ -51,7 +65,15 @@ def _dataset(cfg: TrainConfig, split: str, training: bool) -> tf.data.Dataset:
                                  seed=cfg.run.seed + SHUFFLE_SEED_OFFSET)
   batch = cfg.run.clock.batch_size_schedule[-1][1] if training else (
       cfg.run.eval_batch_size)
-  return data.map(decode, tf.data.AUTOTUNE).batch(batch).prefetch(2)
+  data = data.map(decode, tf.data.AUTOTUNE).batch(batch)
+  if training and zoom_min_area < 1.0:
+    zoom = random_zoom(zoom_min_area, cfg.run.seed + SHUFFLE_SEED_OFFSET)
+
+    def zoomed(images, labels):
+      return zoom(images, training=True), labels
+
+    data = data.map(zoomed)
+  return data.prefetch(2)
 
 
 def peak_learning_rate(cfg: TrainConfig, batch: int) -> float:
@@ -130,20 +152,25 @@ class TrainTimer(keras.callbacks.Callback):
       self.steps += self._batches
 
 
-def fit(cfg: TrainConfig, features: tuple[str, ...] = ()) -> dict:
+def fit(cfg: TrainConfig, features: tuple[str, ...] = (),
+        zoom_min_area: float = 1.0) -> dict:
   """Trains and evaluates the stock network (with the project's
-  `features`) at cfg's budget (momentum); cfg's steps are a multiple of
-  EVALS (study_plan.baseline_runs). The record's `trained_with` is read
-  back before training (trained_with)."""
+  `features`, and random_zoom below `zoom_min_area` 1) at cfg's budget
+  (momentum); cfg's steps are a multiple of EVALS
+  (study_plan.baseline_runs). The record's `trained_with` is read back
+  before training (trained_with), with its input's augmentations."""
   keras.utils.set_random_seed(cfg.run.seed)
   steps = cfg.run.total_train_steps
   batch = cfg.run.clock.batch_size_schedule[-1][1]
   model = build(cfg, features)
-  settings = trained_with(model, steps)
+  settings = dict(trained_with(model, steps),
+                  random_flip=cfg.input.random_flip,
+                  random_zoom_min_area=zoom_min_area)
   quarter = steps // EVALS
   timer = TrainTimer()
   start = time.time()
-  history = model.fit(_dataset(cfg, "train", True), epochs=EVALS,
+  history = model.fit(_dataset(cfg, "train", True, zoom_min_area),
+                      epochs=EVALS,
                       steps_per_epoch=quarter, verbose=0, callbacks=[timer],
                       validation_data=_dataset(cfg, "validation", False)
                       ).history

@@ -95,6 +95,68 @@ def fashion_mnist_folders(cache_dir: str, num_train: int, num_test: int,
   return root
 
 
+def validation_indices(labels: np.ndarray, per_class: int, seed: int,
+                       first: int) -> np.ndarray:
+  """A seeded, stratified validation split of the training images:
+  `per_class` indices of each class, drawn without replacement from the
+  indices at or after `first` (those before it are the studies' training
+  images), sorted."""
+  rng = np.random.default_rng(seed)
+  chosen = []
+  for label in range(len(FASHION_MNIST_CLASSES)):
+    pool = np.flatnonzero(labels[first:] == label) + first
+    if len(pool) < per_class:
+      raise ValueError(f"Fashion-MNIST train has {len(pool)} images of class "
+                       f"{label} after its first {first}; {per_class} were "
+                       "asked for.")
+    chosen.append(rng.choice(pool, per_class, replace=False))
+  return np.sort(np.concatenate(chosen))
+
+
+def fashion_mnist_validation_folders(cache_dir: str, num_train: int,
+                                     per_class: int, seed: int, first: int,
+                                     source_dir: str = FASHION_MNIST_DIR
+                                     ) -> str:
+  """The first num_train training photos as <root>/train/ and a validation
+  split of the training photos (validation_indices) as
+  <root>/validation/; the test photos are not read."""
+  root = os.path.join(cache_dir, f"images_{num_train}_val{per_class}x10_"
+                      f"seed{seed}_from{first}")
+  done = os.path.join(root, ".complete")
+  if os.path.exists(done):
+    return root
+  image_file, label_file = (os.path.join(source_dir, f)
+                            for f in FASHION_MNIST_FILES["train"])
+  if not os.path.exists(image_file):
+    raise ValueError(
+        f"{image_file} not found: install Debian's dataset-fashion-mnist "
+        "(apt-get install dataset-fashion-mnist).")
+  images, labels = read_idx(image_file), read_idx(label_file)
+  if num_train > first:
+    raise ValueError(f"The validation split starts at training image {first}"
+                     f", inside the {num_train} training images.")
+  held = validation_indices(labels, per_class, seed, first)
+  logging.info("Writing %d Fashion-MNIST training JPEGs and a validation "
+               "split of %d to %s", num_train, len(held), root)
+  _write_jpegs(images[:num_train], labels[:num_train],
+               os.path.join(root, "train"))
+  _write_jpegs(images[held], labels[held], os.path.join(root, "validation"))
+  open(done, "w").close()
+  return root
+
+
+def validation_data(cache_dir: str, num_train: int, per_class: int,
+                    seed: int, first: int,
+                    source_dir: str = FASHION_MNIST_DIR) -> StudyData:
+  """TFRecords of the first num_train training photos, with a validation
+  split of the training photos as the evaluated split (cached)."""
+  folders = fashion_mnist_validation_folders(cache_dir, num_train, per_class,
+                                             seed, first, source_dir)
+  return tfrecords(folders, os.path.join(
+      cache_dir, "tfrecords_" + os.path.basename(folders).removeprefix(
+          "images_")), "Fashion-MNIST, validation split")
+
+
 def _test_folder(image_dir: str) -> str:
   for name in TEST_FOLDERS:
     if os.path.isdir(os.path.join(image_dir, name)):

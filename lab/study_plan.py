@@ -153,6 +153,9 @@ class Run:
   path: str = "project"
   # stock_keras: the project's network choices it takes (ladder).
   features: tuple[str, ...] = ()
+  # stock_keras: the least share of the image its random zoom keeps (1.0:
+  # no zoom; lab/confirm_plan.py).
+  zoom_min_area: float = 1.0
 
   @property
   def label(self) -> str:
@@ -233,10 +236,10 @@ def baselines(name: str, scale: Scale, runs: list[Run] = ()) -> list[tuple]:
     return [(("path", path),) for path in ("project", "stock_keras")]
   if name == "ladder":
     return [(("rung", ladder_points(1.0)[0][0]),), (("rung", PROJECT_RUNG),)]
-  if name in ("recipe", "recipe_long", "recipe_revised"):
+  if name in ("recipe", "recipe_long", "recipe_revised", "confirm"):
     return [STOCK_POINT, RECIPE_POINT]
   if name in ("recipe_choice", "recipe_long_choice",
-              "recipe_revised_choice"):  # every candidate
+              "recipe_revised_choice", "confirm_choice"):  # every candidate
     return list(dict.fromkeys(r.point for r in runs))
   if name == "regime":
     return [(("optimizer", opt), ("global_batch", min(scale.batches)))

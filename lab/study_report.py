@@ -136,6 +136,26 @@ TEXT = {
                         "model.fit with momentum at its pick of that round, "
                         "at the long check's epochs, batch and steps, on "
                         "fresh seeds.", "path", True),
+    "confirm_choice": Text(
+        "confirm_choice", "The confirmatory comparison's picks, on a "
+        "validation split, seeds 0 and 1 (issue 51)",
+        "Each side takes the highest mean validation top-1 of one shared "
+        "LR grid (momentum x16, x32, x64, extended past an edge its pick "
+        "sits at): stock Keras model.fit with Keras's RandomZoom to the "
+        "recipe's crop area, the flip off and label smoothing; the "
+        "project's path with flags/small_images.cfg's choices "
+        "(lab/confirm_plan.py, committed before the runs).",
+        "candidate", True),
+    "confirm": Text("confirm", "The confirmatory comparison: "
+                    "flags/small_images.cfg against stock Keras with its "
+                    "built-in equivalents, on fresh seeds (issue 51)",
+                    "The recipe's choices train the study's network better "
+                    "than stock Keras model.fit given every one of them "
+                    "that Keras has built in, each side at its LR picked "
+                    "on the validation split, the same batch and steps; "
+                    "test photos scored once, on fresh seeds, under the "
+                    "criterion declared in lab/confirm_plan.py.",
+                    "path", True),
     "regime": Text("b_regime", "b in the papers' regime: the largest "
                    "batch 2.5 % of the images a step, 30 epochs (Goyal "
                    "2017; Ying 2018 §3; You 2017)",
@@ -151,9 +171,12 @@ def setting(name: str, scale, source: str, num_test: int,
             seeds: int) -> str:
   """One paragraph of what every run of study `name` (`seeds` seeds a
   point) shares."""
+  scored = (f"validation top-1 over {num_test} held-out training images"
+            if name == "confirm_choice" else
+            f"test top-1 over all {num_test} test images")
   shared = (f"The narrow ResNet-10 of lab/study_model.py at 32 px on "
-            f"{scale.num_train} training images of {source}, test top-1 "
-            f"over all {num_test} test images, evaluated at 75 % and at "
+            f"{scale.num_train} training images of {source}, {scored}, "
+            f"evaluated at 75 % and at "
             f"the end of each run (stock Keras: each quarter); "
             + ("the first seed only (lr chooses, it does not decide); "
                if name == "lr" else
@@ -281,10 +304,23 @@ def markdown(study: dict) -> str:
               "recipe side's pick: "
               + ("yes" if study.get("recipe_is_choice") else "no") + ".",
               ""]
+  split = study.get("validation_split")  # the confirmatory comparison
+  scored = "validation top-1" if study["name"] == "confirm_choice" else (
+      "test top-1")
+  if split:
+    lines += [f"Validation split: {split['images']} of the "
+              f"{split['source']} ({split['per_class']} a class, seed "
+              f"{split['seed']}, drawn after the first "
+              f"{split['drawn_after_index']}); every pick was made on it. "
+              "LR grid searched by both sides: " + ", ".join(
+                  f"x{f:g}" for f in study["search_spaces"][
+                      "stock Keras"]["lr_scales"]) + ".", ""]
   if study.get("chosen"):  # a recipe choice: each side's pick
     centre = study.get("centre")
-    lines += ["Picks (highest mean top-1; a tie keeps the first, the rule "
-              "the grid is centred on): " + "; ".join(
+    rule = ("highest mean validation top-1; a tie keeps the nearer to the "
+            "grid's centre" if split else "highest mean top-1; a tie keeps "
+            "the first, the rule the grid is centred on")
+    lines += [f"Picks ({rule}): " + "; ".join(
                   f"{side}: {pick['candidate']} "
                   f"({_percent(pick['top1_mean'])}%)"
                   for side, pick in study["chosen"].items())
@@ -307,14 +343,14 @@ def markdown(study: dict) -> str:
            "|---|---|---|---|---|---|"]
   for v in study["verdicts"]:
     lines.append(
-        f"| {v['criterion']} | {v['gap_points']:+.1f} | "
-        f"{v['pooled_spread_points']:.1f} | {v['steps_at_largest_batch']} "
+        f"| {v['criterion']} | {v['gap_points']:+.2f} | "
+        f"{v['pooled_spread_points']:.2f} | {v['steps_at_largest_batch']} "
         f"(batch {v['largest_batch']}) | "
         f"{'yes' if v['control_converged'] else 'not converged'} | "
         f"{v['verdict']} |")
   lines += ["", "Criteria, declared before the runs: " + " ".join(
       study["criteria"]), "", train_loss_note(study["runs"]), "",
-            "| point | seeds | test top-1 % (mean) | min-max | std | "
+            f"| point | seeds | {scored} % (mean) | min-max | std | "
             "train loss | steps | steps/s |",
             "|---|---|---|---|---|---|---|---|"]
   for p in study["points"]:
@@ -368,7 +404,8 @@ def plot(study: dict, path: str) -> None:
               color="grey", label="steps/s")
     cost.set_ylabel("steps/s (grey squares)")
   axis.set_xlabel(study["x_key"])
-  axis.set_ylabel("test top-1 % (mean; bars: min-max over seeds)")
+  scored = ("validation" if study["name"] == "confirm_choice" else "test")
+  axis.set_ylabel(f"{scored} top-1 % (mean; bars: min-max over seeds)")
   axis.set_title(study["title"], fontsize=9)
   axis.legend(fontsize=7)
   figure.tight_layout()

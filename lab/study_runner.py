@@ -112,7 +112,7 @@ class Runner:
     return dict(self._costs)
 
   def _key(self, item: study_plan.Run) -> str:
-    return json.dumps([item.path, list(item.features),
+    return json.dumps([item.path, list(item.features), item.zoom_min_area,
                        study_report.settings(item.cfg)], sort_keys=True)
 
   def execute(self, item: study_plan.Run, folder: str = "") -> dict:
@@ -136,7 +136,7 @@ class Runner:
     start, cpu_start = time.time(), time.process_time()
     if item.path == "stock_keras":
       check_same_settings(cfg, project_side, item.features)
-      record = study_baseline.fit(cfg, item.features)
+      record = study_baseline.fit(cfg, item.features, item.zoom_min_area)
       record.update(top5=float("nan"), test_examples=self.data.num_test)
     else:
       compat.shift_collective_keys(tf.distribute.MirroredStrategy, 100000)

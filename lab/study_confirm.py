@@ -1,0 +1,109 @@
+"""The confirmatory recipe comparison (issue 51): lab/confirm_plan.py's plan.
+
+  python -m lab.study_confirm [--output_dir=bench_results/studies]
+      [--smoke]
+
+Picks each side's LR on a validation split of the training photos
+(confirm_choice: .md, .json, .png), extending the shared grid while a pick
+sits at its edge, then runs the check on fresh seeds against the test
+photos (confirm). `make study-confirm` runs it (about 75 minutes on 2 CPU
+cores); --smoke is the CI test's few-step version.
+"""
+import os
+import sys
+import time
+
+from absl import app
+from absl import flags
+from absl import logging
+
+from resnet_tpu.parallel.strategy import configure_cpu_replicas
+from lab import confirm_plan
+from lab import study
+from lab import study_data
+from lab import study_runner
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  flags.DEFINE_bool("smoke", False, "A few steps per run on a few hundred "
+                    "images (the CI test).")
+  flags.DEFINE_string("fashion_mnist_dir", study_data.FASHION_MNIST_DIR,
+                      "Folder of the Fashion-MNIST idx files.")
+  flags.DEFINE_string("cache_dir", os.path.join(
+      os.path.expanduser("~"), ".cache", "resnet_tpu", "fashion_mnist"),
+                      "Where the study set's JPEGs and TFRecords are kept.")
+  flags.DEFINE_string("work_dir", "/tmp/resnet_tpu_study", "Run folders "
+                      "(metrics.jsonl and config.json are kept).")
+  flags.DEFINE_string("output_dir", "bench_results/studies",
+                      "Where the .md, .json and .png of each study go.")
+
+
+def choose(runner: study_runner.Runner, scale, settings: dict
+           ) -> tuple[dict, list, list[float], list[dict]]:
+  """confirm_choice: the grid's runs, extended while a pick is at an edge.
+  Returns the picks, the runs, the final grid and each round's picks."""
+  grid, runs, rounds = list(confirm_plan.LR_GRID), [], []
+  new = list(grid)
+  while True:
+    more = confirm_plan.choice_runs(runner.base, scale, new, settings)
+    runs += more
+    chosen = confirm_plan.pick(runner.execute_all(runs), grid)
+    rounds.append({"grid": list(grid), "chosen": chosen})
+    logging.info("Validation picks on grid %s: %s", grid, chosen)
+    new = confirm_plan.extension(grid, chosen)
+    if not new or len(rounds) > confirm_plan.MAX_EXTENSIONS:
+      return chosen, runs, grid, rounds
+    grid = sorted(grid + new)
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  start = time.time()
+  scale = confirm_plan.SMOKE_SCALE if FLAGS.smoke else confirm_plan.SCALE
+  per_class = (confirm_plan.SMOKE_PER_CLASS if FLAGS.smoke else
+               confirm_plan.VALIDATION_PER_CLASS)
+  first = scale.num_train if FLAGS.smoke else confirm_plan.VALIDATION_FIRST
+  # Before any TensorFlow op (the data step's) initialises the devices.
+  configure_cpu_replicas(max(scale.bn_replicas, scale.micro_replicas))
+  try:
+    settings = confirm_plan.recipe()
+    validation = study_data.validation_data(
+        FLAGS.cache_dir, scale.num_train, per_class,
+        confirm_plan.VALIDATION_SEED, first, FLAGS.fashion_mnist_dir)
+    test = study_data.study_data(FLAGS.cache_dir, "", scale.num_train,
+                                 scale.num_test, FLAGS.fashion_mnist_dir)
+  except ValueError as error:
+    raise app.UsageError(str(error)) from error
+  command = study.command(sys.argv, "lab.study_confirm")
+  split = {"source": "Fashion-MNIST training photos", "seed":
+           confirm_plan.VALIDATION_SEED, "per_class": per_class,
+           "images": validation.num_test, "drawn_after_index": first,
+           "training_images": scale.num_train}
+  picker = study_runner.Runner(validation, scale, FLAGS.work_dir,
+                               FLAGS.output_dir, "cpu", command)
+  chosen, runs, grid, rounds = choose(picker, scale, settings)
+  spaces = confirm_plan.search_spaces(grid, settings)
+  written = picker.study("confirm_choice", runs, [], scale=scale, extra={
+      "validation_split": split, "search_spaces": spaces, "rounds": rounds,
+      "chosen": chosen, "pick_seeds": list(confirm_plan.PICK_SEEDS),
+      "picks_inside_grid": not any(c["at_edge"] for c in chosen.values())})
+  checker = study_runner.Runner(test, scale, FLAGS.work_dir,
+                                FLAGS.output_dir, "cpu", command)
+  written += checker.study(
+      "confirm", confirm_plan.check_runs(checker.base, scale, chosen,
+                                         settings),
+      [confirm_plan.CRITERION], scale=scale, extra={
+          "validation_split": split, "search_spaces": spaces,
+          "chosen": chosen, "choice_file": written[-2] if written else "",
+          "fresh_seeds": list(confirm_plan.CHECK_SEEDS),
+          "recipe": settings})
+  checker.discard_checkpoints()
+  logging.info("Done in %.1f min: %s", (time.time() - start) / 60,
+               ", ".join(written))
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)
