@@ -142,6 +142,7 @@ class OptimConfig:
   learning_rate_scaling: str = "linear"
   momentum: float = 0.9
   nesterov: bool = False
+  momentum_correction: bool = False
   lars_eta: float = 0.001
   lars_epsilon: float = 0.0
   rmsprop_learning_rate: float = 3e-4
@@ -454,6 +455,9 @@ def validate(cfg: TrainConfig, num_replicas: int | None = None) -> None:
          "TPU XLA sums gradients over the torus (use auto).")
   _check(not (optim.nesterov and optim.optimizer == "rmsprop_warmup"),
          "--nesterov is not supported with --optimizer=rmsprop_warmup.")
+  _check(not optim.momentum_correction or optim.optimizer == "momentum",
+         "--momentum_correction is for --optimizer=momentum (LARS and "
+         f"RMSprop warm-up keep their own update); got {optim.optimizer}.")
   _check(not (cfg.model.precision == "float16" and run.batch_size_schedule),
          "--precision=float16 does not support --batch_size_schedule "
          "(gradient accumulation); use float32 or bfloat16.")

@@ -123,6 +123,11 @@ HELP = {
                              "peak LR at every batch size.",
     "momentum": "Momentum of SGD, LARS and RMSprop warm-up.",
     "nesterov": "Nesterov momentum (momentum and lars).",
+    "momentum_correction": "--optimizer=momentum with the LR outside the "
+                           "velocity (u <- m u + g; w <- w - lr u): Goyal "
+                           "et al.'s momentum correction, tensorflow/tpu's "
+                           "tf.train.MomentumOptimizer. Default: Keras's "
+                           "SGD, the LR inside the velocity.",
     "lars_eta": "LARS trust coefficient.",
     "lars_epsilon": "Added to the LARS trust-ratio denominator.",
     "rmsprop_learning_rate": "LR of the RMSprop part of rmsprop_warmup.",

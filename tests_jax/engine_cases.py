@@ -87,11 +87,15 @@ OPTIMIZERS = {
     "rmsprop_warmup": dict(momentum=0.9, rmsprop_learning_rate=1e-3,
                            rmsprop_warmup_center_epochs=1.0,
                            rmsprop_warmup_period_epochs=2.0),
+    "momentum_correction": dict(momentum=0.9, momentum_correction=True),
+    "momentum_correction_nesterov": dict(momentum=0.9, nesterov=True,
+                                         momentum_correction=True),
 }
 
 
 def optimizer_name(case: str) -> str:
-  return "lars" if case.startswith("lars") else case
+  return ("lars" if case.startswith("lars") else
+          "momentum" if case.startswith("momentum") else case)
 
 
 def optimizer_clock() -> EpochClock:

@@ -4,6 +4,11 @@
   lars:           LARS (You et al. 2017), as Ying et al. 2018 use to 32k;
   rmsprop_warmup: RMSprop turning into momentum SGD (Akiba et al. 2017).
 
+momentum is Keras's SGD, the LR inside the velocity (v <- m v - lr g), with
+no momentum correction when the LR changes (Goyal et al. §2.1); with
+--momentum_correction it is corrected_momentum.py's, the LR outside, as
+tensorflow/tpu's tf.train.MomentumOptimizer (README's paper map).
+
 Weight decay is an L2 term in the loss for momentum and rmsprop_warmup, but
 part of the update for LARS (see `weight_decay_in_loss`): the trainer must
 add L2 to the loss exactly when that function says so.
@@ -29,6 +34,7 @@ from resnet_tpu.config import parse_grid
 from resnet_tpu.config import DistributionConfig
 from resnet_tpu.config import OptimConfig
 from resnet_tpu.config import RunConfig
+from resnet_tpu.optim.corrected_momentum import CorrectedMomentum
 from resnet_tpu.optim.lars import DEFAULT_EXCLUDE, LARS
 from resnet_tpu.optim.rmsprop_warmup import RMSpropWarmup, SgdShareSchedule
 from resnet_tpu.optim.schedules import EpochSchedule
@@ -60,7 +66,8 @@ def _rmsprop_warmup(learning_rate, momentum: float, nesterov: bool,
 
 def build_optimizer(
     name: str, learning_rate, *, momentum: float = 0.9,
-    nesterov: bool = False, weight_decay: float = 1e-4,
+    nesterov: bool = False, momentum_correction: bool = False,
+    weight_decay: float = 1e-4,
     lars_eta: float = 0.001, lars_epsilon: float = 0.0,
     lars_exclude: Sequence[str] = DEFAULT_EXCLUDE,
     rmsprop_learning_rate: float = 3e-4, rmsprop_rho: float = 0.99,
@@ -77,6 +84,8 @@ def build_optimizer(
     learning_rate: float or LearningRateSchedule (e.g. EpochSchedule).
     momentum: momentum coefficient of every optimizer.
     nesterov: Nesterov momentum (momentum and lars only).
+    momentum_correction: momentum with the LR outside the velocity
+      (corrected_momentum.py; momentum only).
     weight_decay: used by lars only; the others take it in the loss.
     lars_eta, lars_epsilon, lars_exclude: LARS trust coefficient,
       denominator epsilon and path substrings left unadapted.
@@ -92,7 +101,10 @@ def build_optimizer(
       longer (0 = never).
   """
   with engine.creation_scope():
-    if name == "momentum":
+    if name == "momentum" and momentum_correction:
+      optimizer = CorrectedMomentum(learning_rate, momentum=momentum,
+                                    nesterov=nesterov)
+    elif name == "momentum":
       optimizer = keras.optimizers.SGD(learning_rate, momentum=momentum,
                                        nesterov=nesterov)
     elif name == "lars":
@@ -127,7 +139,8 @@ def build_optimizer_from_config(
       end_learning_rate=cfg.end_learning_rate)
   return build_optimizer(
       cfg.optimizer, learning_rate, momentum=cfg.momentum,
-      nesterov=cfg.nesterov, weight_decay=cfg.weight_decay,
+      nesterov=cfg.nesterov, momentum_correction=cfg.momentum_correction,
+      weight_decay=cfg.weight_decay,
       lars_eta=cfg.lars_eta, lars_epsilon=cfg.lars_epsilon,
       rmsprop_learning_rate=cfg.rmsprop_learning_rate,
       rmsprop_warmup_center_epochs=cfg.rmsprop_warmup_center_epochs,
