@@ -282,6 +282,9 @@ def markdown(study: dict) -> str:
               if study.get("estimated_seconds") else ""), "",
            "Setting: " + study["setting"], "",
            "Result, " + result(study["points"]), ""]
+  if study.get("code_version"):  # added to a record after it ran
+    version = study["code_version"]
+    lines += [f"Code: commit {version['commit']}. {version['note']}", ""]
   if study.get("chosen_lr_scales"):
     lines += ["LR rules chosen by study lr, as scales of the papers' "
               "peak LR: " + ", ".join(

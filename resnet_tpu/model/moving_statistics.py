@@ -15,6 +15,15 @@ exponential average of the mean over replicas of the group statistics. The
 copies are equal at every loop's end, hence at every evaluation and save;
 read across replicas (a checkpoint, the export) a statistic is replica 0's
 copy, which is then that mean.
+
+A departure (README's paper map): TPUEstimator saves one core's copy, as
+its TPU rewrite writes back the first replica's value of each variable at
+every loop's end (tensorflow/tensorflow,
+tensorflow/core/tpu/graph_rewrite/distributed_tpu_rewrite_pass.cc at
+00f0938ae85c), an average over core 0's batches only. The mean here
+leaves out the spread of the groups' means: the moving variance is the
+mean of the groups' variances, below the whole global batch's variance by
+the variance of the group means.
 """
 import keras
 import tensorflow as tf
