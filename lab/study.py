@@ -92,6 +92,7 @@ STUDIES = ("lr", "a", "b", "c", "baseline", "crop", "ladder",
 DEFAULT_STUDIES = STUDIES[:-10]
 MAX_HALVINGS = 4
 PATH_FLAGS = ("--work_dir", "--cache_dir", "--output_dir", "--image_dir",
+              "--records_dir",
               "--fashion_mnist_dir")
 
 

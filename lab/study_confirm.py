@@ -22,6 +22,7 @@ from lab import confirm_plan
 from lab import study
 from lab import study_data
 from lab import study_runner
+from lab.run_records import RecordStore
 
 FLAGS = flags.FLAGS
 
@@ -38,6 +39,10 @@ def define_flags() -> None:
                       "(metrics.jsonl and config.json are kept).")
   flags.DEFINE_string("output_dir", "bench_results/studies",
                       "Where the .md, .json and .png of each study go.")
+  flags.DEFINE_string("records_dir", "", "Keep each finished run's record "
+                      "here: a second start resumes, and workers started "
+                      "with the same folder share the runs (each its own "
+                      "--output_dir).")
 
 
 def choose(runner: study_runner.Runner, scale, settings: dict
@@ -81,8 +86,10 @@ def main(argv: list[str]) -> None:
            confirm_plan.VALIDATION_SEED, "per_class": per_class,
            "images": validation.num_test, "drawn_after_index": first,
            "training_images": scale.num_train}
+  records = RecordStore(FLAGS.records_dir) if FLAGS.records_dir else None
   picker = study_runner.Runner(validation, scale, FLAGS.work_dir,
-                               FLAGS.output_dir, "cpu", command)
+                               FLAGS.output_dir, "cpu", command,
+                               records=records)
   chosen, runs, grid, rounds = choose(picker, scale, settings)
   spaces = confirm_plan.search_spaces(grid, settings)
   written = picker.study("confirm_choice", runs, [], scale=scale, extra={
@@ -90,7 +97,8 @@ def main(argv: list[str]) -> None:
       "chosen": chosen, "pick_seeds": list(confirm_plan.PICK_SEEDS),
       "picks_inside_grid": not any(c["at_edge"] for c in chosen.values())})
   checker = study_runner.Runner(test, scale, FLAGS.work_dir,
-                                FLAGS.output_dir, "cpu", command)
+                                FLAGS.output_dir, "cpu", command,
+                                records=records)
   written += checker.study(
       "confirm", confirm_plan.check_runs(checker.base, scale, chosen,
                                          settings),

@@ -32,6 +32,7 @@ from resnet_tpu.config import TrainConfig
 from resnet_tpu.train.metrics_log import read_metrics
 from resnet_tpu.run import run
 from lab import study_baseline
+from lab.run_records import RecordStore
 from lab import study_model
 from lab import study_plan
 from lab import study_report
@@ -42,6 +43,7 @@ from lab.study_data import StudyData
 # Eval images per step over all replicas (divisible by 8 and by 2).
 EVAL_BATCH = 1000
 CALIBRATION_STEPS = 5
+RECORD_POLL_S = 15  # a worker waiting for another's run looks this often
 
 
 def machine() -> str:
@@ -85,9 +87,10 @@ class Runner:
   def __init__(self, data: StudyData, scale: study_plan.Scale, work_dir: str,
                output_dir: str, strategy: str, command: str,
                costs: dict[str, tuple[float, float, float, float]] | None
-               = None):
+               = None, records: RecordStore | None = None):
     """costs: a calibration already made (kinds priced at another scale
-    keep their prices: every run keeps its steps)."""
+    keep their prices: every run keeps its steps); records: where finished
+    runs are kept and found again (a resumed study, or several workers)."""
     self.scale, self.work_dir, self.output_dir = scale, work_dir, output_dir
     self.command, self.data = command, data
     # The study's fixed choices; the plans add each run's own.
@@ -101,6 +104,7 @@ class Runner:
         train_crop_min_area=study_plan.SMALL_IMAGE_CROP,
         label_smoothing=0.1)
     self._done: dict[str, dict] = {}
+    self.records = records
     self._costs: dict[str, tuple[float, float, float, float]] = dict(
         costs or {})
     self._count = 0
@@ -122,6 +126,27 @@ class Runner:
       done = self._done[key]
       return dict(done, study=item.study, label=item.label,
                   point=item.point, reused=done["study"] != item.study)
+    stored = self.records and item.path != "recomputed" and (
+        self.records.get(key))
+    if stored:
+      logging.info("study %s, %s, seed %d: the stored record", item.study,
+                   item.label, item.seed)
+      self._done[key] = stored
+      return dict(stored, study=item.study, label=item.label,
+                  point=item.point, reused=stored["study"] != item.study)
+    record = self._train(item, key, folder)
+    self._done[key] = record
+    if self.records and item.path != "recomputed":
+      self.records.put(key, record)
+    logging.info("study %s, %s, seed %d: test top-1 %.4f over %d images, "
+                 "%.2f steps/s, %.0f s (estimated %.0f s)", item.study,
+                 item.label, item.seed, record["top1"],
+                 record["test_examples"], record["steps_per_sec"],
+                 record["seconds"], record["estimated_seconds"])
+    return record
+
+  def _train(self, item: study_plan.Run, key: str, folder: str) -> dict:
+    """Trains `item` (a recomputed run: evaluates again); its record."""
     if item.path == "recomputed":
       model_dir = self._trained_dir(item)
     else:
@@ -158,12 +183,6 @@ class Runner:
         cpu_seconds=time.process_time() - cpu_start, largest_batch=largest,
         steps_at_largest_batch=steps_at_batch(cfg, largest),
         settings=study_report.settings(cfg), reused=False)
-    self._done[key] = record
-    logging.info("study %s, %s, seed %d: test top-1 %.4f over %d images, "
-                 "%.2f steps/s, %.0f s (estimated %.0f s)", item.study,
-                 item.label, item.seed, record["top1"],
-                 record["test_examples"], record["steps_per_sec"],
-                 record["seconds"], record["estimated_seconds"])
     return record
 
   def _trained_dir(self, item: study_plan.Run) -> str:
@@ -203,7 +222,28 @@ class Runner:
             "train_losses": [(r["step"], r["loss"]) for r in train]}
 
   def execute_all(self, runs: list[study_plan.Run]) -> list[dict]:
-    return [self.execute(r) for r in runs]
+    """Each run's record, in order. With `records`, a run another worker
+    is training is passed by and waited for (RecordStore)."""
+    if not self.records:
+      return [self.execute(r) for r in runs]
+    found: dict[int, dict] = {}
+    while len(found) < len(runs):
+      for i, run_ in enumerate(runs):
+        key, claimed = self._key(run_), False
+        if i in found:
+          continue
+        if not (key in self._done or self.records.get(key)):
+          claimed = self.records.claim(key)
+          if not claimed:
+            continue
+        try:
+          found[i] = self.execute(run_)
+        finally:
+          if claimed:
+            self.records.release(key)
+      if len(found) < len(runs):
+        time.sleep(RECORD_POLL_S)
+    return [found[i] for i in range(len(runs))]
 
   def study(self, name: str, runs: list[study_plan.Run],
             criteria: list[study_verdict.Criterion],
