@@ -9,6 +9,7 @@ sits at its edge, then runs the check on fresh seeds against the test
 photos (confirm). `make study-confirm` runs it (about 75 minutes on 2 CPU
 cores); --smoke is the CI test's few-step version.
 """
+import json
 import os
 import sys
 import time
@@ -39,6 +40,9 @@ def define_flags() -> None:
                       "(metrics.jsonl and config.json are kept).")
   flags.DEFINE_string("output_dir", "bench_results/studies",
                       "Where the .md, .json and .png of each study go.")
+  flags.DEFINE_string("choice_file", "", "A confirm_choice.json made "
+                      "before: the check runs at its picks, and the choice "
+                      "is not run again.")
   flags.DEFINE_string("records_dir", "", "Keep each finished run's record "
                       "here: a second start resumes, and workers started "
                       "with the same folder share the runs (each its own "
@@ -61,6 +65,18 @@ def choose(runner: study_runner.Runner, scale, settings: dict
     if not new or len(rounds) > confirm_plan.MAX_EXTENSIONS:
       return chosen, runs, grid, rounds
     grid = sorted(grid + new)
+
+
+def read_choice(path: str, split: dict) -> tuple[dict, dict]:
+  """The picks and search spaces of a confirm_choice.json; UsageError
+  unless it was made on `split`."""
+  with open(path) as f:
+    record = json.load(f)
+  if record.get("validation_split") != split:
+    raise app.UsageError(f"--choice_file={path} was picked on another "
+                         f"validation split: {record.get('validation_split')}"
+                         f", this plan's is {split}.")
+  return record["chosen"], record["search_spaces"]
 
 
 def main(argv: list[str]) -> None:
@@ -90,12 +106,19 @@ def main(argv: list[str]) -> None:
   picker = study_runner.Runner(validation, scale, FLAGS.work_dir,
                                FLAGS.output_dir, "cpu", command,
                                records=records)
-  chosen, runs, grid, rounds = choose(picker, scale, settings)
-  spaces = confirm_plan.search_spaces(grid, settings)
-  written = picker.study("confirm_choice", runs, [], scale=scale, extra={
-      "validation_split": split, "search_spaces": spaces, "rounds": rounds,
-      "chosen": chosen, "pick_seeds": list(confirm_plan.PICK_SEEDS),
-      "picks_inside_grid": not any(c["at_edge"] for c in chosen.values())})
+  if FLAGS.choice_file:
+    chosen, spaces = read_choice(FLAGS.choice_file, split)
+    written, choice_file = [], FLAGS.choice_file
+  else:
+    chosen, runs, grid, rounds = choose(picker, scale, settings)
+    spaces = confirm_plan.search_spaces(grid, settings)
+    written = picker.study("confirm_choice", runs, [], scale=scale, extra={
+        "validation_split": split, "search_spaces": spaces,
+        "rounds": rounds, "chosen": chosen,
+        "pick_seeds": list(confirm_plan.PICK_SEEDS),
+        "picks_inside_grid": not any(c["at_edge"]
+                                     for c in chosen.values())})
+    choice_file = written[1]  # its .json
   checker = study_runner.Runner(test, scale, FLAGS.work_dir,
                                 FLAGS.output_dir, "cpu", command,
                                 records=records)
@@ -104,7 +127,7 @@ def main(argv: list[str]) -> None:
                                          settings),
       [confirm_plan.CRITERION], scale=scale, extra={
           "validation_split": split, "search_spaces": spaces,
-          "chosen": chosen, "choice_file": written[-2] if written else "",
+          "chosen": chosen, "choice_file": choice_file,
           "fresh_seeds": list(confirm_plan.CHECK_SEEDS),
           "recipe": settings})
   checker.discard_checkpoints()

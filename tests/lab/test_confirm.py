@@ -148,3 +148,16 @@ def test_the_smoke_picks_on_validation_images_and_checks_on_test_images(
   assert [v["criterion"] for v in check["verdicts"]] == [
       cp.CRITERION.name]
   assert "validation top-1 over 40 held-out" in choice["setting"]
+
+
+def test_a_committed_choice_is_taken_only_from_the_plan_s_split(tmp_path):
+  from absl import app
+  from lab import study_confirm
+  split = {"seed": 0, "per_class": 200, "images": 2000}
+  path = tmp_path / "confirm_choice.json"
+  chosen = {STOCK: {"lr_scale": 16.0}, RECIPE: {"lr_scale": 32.0}}
+  path.write_text(json.dumps({"validation_split": split, "chosen": chosen,
+                              "search_spaces": {"x": 1}}))
+  assert study_confirm.read_choice(str(path), split) == (chosen, {"x": 1})
+  with pytest.raises(app.UsageError, match="another validation split"):
+    study_confirm.read_choice(str(path), dict(split, seed=1))
