@@ -122,8 +122,8 @@ def _study_figures() -> tuple[set[str], list[dict]]:
       figures |= {f"{v:g}" for _, v in p["point"] if isinstance(v, float)}
     figures |= {f"{100 * abs(a - b):.1f}" for a in means for b in means}
     for verdict in study.get("verdicts", []):
-      figures |= {f"{abs(verdict[k]):.1f}" for k in ("gap_points",
-                                                     "pooled_spread_points")}
+      figures |= {f"{abs(verdict[k]):.{digits}f}" for k in (
+          "gap_points", "pooled_spread_points") for digits in (1, 2)}
     for run in study["runs"]:  # settings, e.g. a crop's min area
       figures |= {f"{v:g}" for v in run["settings"].values()
                   if isinstance(v, float)}
