@@ -26,6 +26,7 @@ from lab import study_runner
 from lab.run_records import RecordStore
 
 FLAGS = flags.FLAGS
+STUDIES = ("confirm_choice", "confirm")  # study_report.TEXT's names
 
 
 def define_flags() -> None:
