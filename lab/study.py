@@ -96,6 +96,20 @@ PATH_FLAGS = ("--work_dir", "--cache_dir", "--output_dir", "--image_dir",
               "--fashion_mnist_dir")
 
 
+def define_path_flags() -> None:
+  """The data, cache, run and output folders (PATH_FLAGS' machine-specific
+  flags), shared with lab/study_confirm.py."""
+  flags.DEFINE_string("fashion_mnist_dir", study_data.FASHION_MNIST_DIR,
+                      "Folder of the Fashion-MNIST idx files.")
+  flags.DEFINE_string("cache_dir", os.path.join(
+      os.path.expanduser("~"), ".cache", "resnet_tpu", "fashion_mnist"),
+                      "Where the study set's JPEGs and TFRecords are kept.")
+  flags.DEFINE_string("work_dir", "/tmp/resnet_tpu_study", "Run folders "
+                      "(metrics.jsonl and config.json are kept).")
+  flags.DEFINE_string("output_dir", "bench_results/studies",
+                      "Where the .md, .json and .png of each study go.")
+
+
 def define_flags() -> None:
   flags.DEFINE_list("studies", list(DEFAULT_STUDIES), "Studies to run: lr, "
                     "a, b, c, baseline, crop, ladder, recipe_choice, recipe, "
@@ -114,15 +128,7 @@ def define_flags() -> None:
                     "of the plan and stop.")
   flags.DEFINE_string("image_dir", "", "train/<class>/ and validation/"
                       "<class>/ (or test/) images instead of Fashion-MNIST.")
-  flags.DEFINE_string("fashion_mnist_dir", study_data.FASHION_MNIST_DIR,
-                      "Folder of the Fashion-MNIST idx files.")
-  flags.DEFINE_string("cache_dir", os.path.join(
-      os.path.expanduser("~"), ".cache", "resnet_tpu", "fashion_mnist"),
-                      "Where the study set's JPEGs and TFRecords are kept.")
-  flags.DEFINE_string("work_dir", "/tmp/resnet_tpu_study", "Run folders "
-                      "(metrics.jsonl and config.json are kept).")
-  flags.DEFINE_string("output_dir", "bench_results/studies",
-                      "Where the .md, .json and .png of each study go.")
+  define_path_flags()
   flags.DEFINE_string("lr_choice", "", "A study lr's JSON (lr_choice.json) "
                       "at the same scale: its chosen LR rules are taken "
                       "instead of running lr again.")

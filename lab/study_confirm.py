@@ -10,7 +10,6 @@ photos (confirm). `make study-confirm` runs it (about 75 minutes on 2 CPU
 cores); --smoke is the CI test's few-step version.
 """
 import json
-import os
 import sys
 import time
 
@@ -32,15 +31,7 @@ STUDIES = ("confirm_choice", "confirm")  # study_report.TEXT's names
 def define_flags() -> None:
   flags.DEFINE_bool("smoke", False, "A few steps per run on a few hundred "
                     "images (the CI test).")
-  flags.DEFINE_string("fashion_mnist_dir", study_data.FASHION_MNIST_DIR,
-                      "Folder of the Fashion-MNIST idx files.")
-  flags.DEFINE_string("cache_dir", os.path.join(
-      os.path.expanduser("~"), ".cache", "resnet_tpu", "fashion_mnist"),
-                      "Where the study set's JPEGs and TFRecords are kept.")
-  flags.DEFINE_string("work_dir", "/tmp/resnet_tpu_study", "Run folders "
-                      "(metrics.jsonl and config.json are kept).")
-  flags.DEFINE_string("output_dir", "bench_results/studies",
-                      "Where the .md, .json and .png of each study go.")
+  study.define_path_flags()
   flags.DEFINE_string("choice_file", "", "A confirm_choice.json made "
                       "before: the check runs at its picks, and the choice "
                       "is not run again.")
