@@ -63,7 +63,7 @@ FREE_ON_RESUME = frozenset({
     "bn_all_reduce", "gradient_all_reduce", "all_reduce_grid",
     "tpu_device_assignment", "tpu_runtime", "log_topology",
     "keep_host_memory", "collective_timeout_s", "cpu_onednn",
-    "eval_batch_size", "num_eval_images", "steps_per_loop",
+    "coordinator_address", "num_processes", "process_id", "eval_batch_size", "num_eval_images", "steps_per_loop",
     "eval_every_steps", "checkpoint_every_steps", "checkpoint_every_minutes",
     "max_loop_seconds", "keep_checkpoints", "export_dir", "skip_nonfinite_steps",
     "allow_config_change", "profile_steps", "init_checkpoint"})
@@ -170,6 +170,11 @@ class DistributionConfig:
   keep_host_memory: bool = True
   collective_timeout_s: float = 0.0
   cpu_onednn: str = "auto"  # read before TensorFlow loads (process_setup.py)
+  # A multi-host JAX run's processes (jax.distributed; TensorFlow's workers
+  # come from TF_CONFIG): all three, or none for JAX's cluster detection.
+  coordinator_address: str = ""
+  num_processes: int = 0
+  process_id: int = -1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -369,6 +374,8 @@ RANGES: dict[str, Range] = {
     "shuffle_buffer_size": _AT_LEAST_1,
     "private_threadpool_size": _NON_NEGATIVE,
     "collective_timeout_s": _NON_NEGATIVE,
+    "num_processes": _NON_NEGATIVE,  # 0: unset
+    "process_id": Range(-1),  # -1: unset
     "eval_crop_fraction": Range(0, 1, low_open=True),  # (0, 1]
     "train_crop_min_area": Range(0, 1, low_open=True),
     "train_crop_max_aspect": Range(1),
@@ -491,6 +498,7 @@ def validate(cfg: TrainConfig, num_replicas: int | None = None) -> None:
              "that is accumulated).")
   _check(cfg.input.use_synthetic_data or bool(cfg.input.data_dir),
          "--data_dir is required unless --use_synthetic_data is set.")
+  _check_processes(dist)
   if dist.backend == "jax":
     _check_jax_flags(cfg)
   if num_replicas is not None:
@@ -501,8 +509,6 @@ def validate(cfg: TrainConfig, num_replicas: int | None = None) -> None:
 # is refused, and why; the first refused is named, one host first. README
 # "Running on JAX" lists the same.
 JAX_UNSUPPORTED = (
-    ("strategy", lambda v: v == "multi_worker", "JAX runs on one host so "
-     "far (jax.distributed is not wired in)"),
     ("precision", lambda v: v == "float16", "float16's dynamic loss "
      "scaling is TensorFlow's; use bfloat16 or float32"),
     ("skip_nonfinite_steps", bool, "a NaN/Inf step stops a JAX run"),
@@ -520,6 +526,31 @@ JAX_UNSUPPORTED = (
     ("init_checkpoint", bool, "fine-tuning reads TensorFlow checkpoints"),
     ("profile_steps", bool, "the profiler is TensorFlow's"),
 )
+
+
+def _check_processes(dist: DistributionConfig) -> None:
+  """--coordinator_address, --num_processes and --process_id: a JAX
+  multi_worker run's, all three or none."""
+  given = [f"--{name}" for name, unset in (
+      ("coordinator_address", ""), ("num_processes", 0), ("process_id", -1))
+           if getattr(dist, name) != unset]
+  if not given:
+    return
+  _check(dist.backend == "jax" and dist.strategy == "multi_worker",
+         f"{', '.join(given)}: for --backend=jax --strategy=multi_worker "
+         "(jax.distributed); TensorFlow's workers come from TF_CONFIG.")
+  _check(len(given) == 3,
+         f"{', '.join(given)} given alone: set all three of "
+         "--coordinator_address=HOST:PORT, --num_processes and --process_id, "
+         "or none (JAX then detects its cluster: Cloud TPU, SLURM, Open "
+         "MPI, Kubernetes).")
+  _check(dist.num_processes >= 1 and 0 <= dist.process_id
+         < dist.num_processes,
+         f"--process_id={dist.process_id} must be in [0, --num_processes="
+         f"{dist.num_processes}).")
+  _check(dist.coordinator_address.rpartition(":")[2].isdigit(),
+         "--coordinator_address must be HOST:PORT (process 0's address), "
+         f"got {dist.coordinator_address!r}.")
 
 
 def _check_jax_flags(cfg: TrainConfig) -> None:

@@ -61,7 +61,8 @@ HELP = {
                "else tensorflow). README \"Running on JAX\" lists what "
                "the jax engine runs and how it differs.",
     "strategy": "auto, tpu, gpu, cpu (virtual CPU replicas) or multi_worker "
-                "(MultiWorkerMirroredStrategy from TF_CONFIG).",
+                "(TensorFlow: MultiWorkerMirroredStrategy from TF_CONFIG; "
+                "JAX: one process per host, jax.distributed).",
     "tpu": "TPU name or 'local' on a TPU VM; implies --strategy=tpu.",
     "num_cpu_replicas": "Virtual CPU replicas for --strategy=cpu.",
     "gradient_all_reduce": "auto (Keras/XLA summation), ring (one "
@@ -186,6 +187,17 @@ HELP = {
                   "TensorFlow's default), on or off. A "
                   "TF_ENABLE_ONEDNN_OPTS you set wins "
                   "(resnet_tpu/runtime/process_setup.py).",
+    "coordinator_address": "--backend=jax --strategy=multi_worker: "
+                           "HOST:PORT of process 0, which every process "
+                           "reaches (jax.distributed). With "
+                           "--num_processes and --process_id; all three "
+                           "unset: JAX detects its cluster (Cloud TPU, "
+                           "SLURM, Open MPI, Kubernetes).",
+    "num_processes": "--backend=jax --strategy=multi_worker: the number of "
+                     "processes (one per host); 0 = unset.",
+    "process_id": "--backend=jax --strategy=multi_worker: this process's "
+                  "index, 0 (the chief: it writes the files) to "
+                  "--num_processes - 1; -1 = unset.",
     "allow_config_change": "Comma-separated flags a resumed run may "
                            "change from the model_dir's config.json (e.g. "
                            "global_batch_size,train_epochs); any other "

@@ -5,6 +5,9 @@ KERAS_BACKEND=jax). The pre-flight (preflight.check_run), the config record,
 the input pipeline and the export are the TensorFlow path's; the devices
 are JAX's (`jax.devices()`, one replica each, BN groups as rows of the mesh:
 parallel/bn_all_reduce_jax.py) and the trainer is jax_trainer.py.
+--strategy=multi_worker runs one such process per host (jax.distributed:
+parallel/jax_processes.py); each reads its own share of the data, and
+process 0 writes the config, metrics, checkpoints and export.
 
 TensorFlow must be installed beside JAX: the input is tf.data, and the
 checkpoints, metrics and export go through TensorFlow's file and checkpoint
@@ -28,9 +31,10 @@ from resnet_tpu import preflight
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.inputs import input_pipeline
 from resnet_tpu.inputs import shard_audit
-from resnet_tpu.runtime import process_setup
+from resnet_tpu.parallel import jax_processes
 from resnet_tpu.parallel.bn_all_reduce_jax import build_mesh
 from resnet_tpu.parallel.bn_all_reduce_jax import replica_groups
+from resnet_tpu.runtime import process_setup
 from resnet_tpu.train import jax_input
 from resnet_tpu.train import storage
 from resnet_tpu.train.jax_trainer import Batches
@@ -51,6 +55,8 @@ def run(cfg: TrainConfig, loop_callback: LoopCallback | None = None) -> dict:
         "KERAS_BACKEND=jax before Keras loads.")
   cfg = cfg.replace(backend="jax")
   config_lib.validate(cfg)
+  if cfg.distribution.strategy == "multi_worker":
+    jax_processes.start(cfg.distribution)
   devices = jax.devices()
   check_devices(cfg.distribution.strategy, devices[0].platform,
                 jax.process_count())
@@ -60,47 +66,52 @@ def run(cfg: TrainConfig, loop_callback: LoopCallback | None = None) -> dict:
   cfg, files, changes = preflight.check_run(cfg)
   keras.utils.set_random_seed(cfg.run.seed)
   mesh = build_mesh(cfg.model.bn_group_size, devices)
-  logging.info("JAX %s on %d %s device(s); BN groups %s", jax.__version__,
-               len(devices), devices[0].platform, replica_groups(mesh))
+  logging.info("JAX %s on %d %s device(s) of %d process(es); BN groups %s",
+               jax.__version__, len(devices), devices[0].platform,
+               jax.process_count(), replica_groups(mesh))
   trainer = JaxTrainer(cfg, mesh, loop_callback)
-  storage.written("config.json", cfg.model_dir, cfg.model_dir,
-                  lambda: config_lib.write_config(
-                      cfg, export.labels_file(cfg.input.data_dir), changes))
+  if trainer.chief:
+    storage.written("config.json", cfg.model_dir, cfg.model_dir,
+                    lambda: config_lib.write_config(
+                        cfg, export.labels_file(cfg.input.data_dir),
+                        changes))
   result = train(cfg, trainer, files)
-  if cfg.run.export_dir:
+  if cfg.run.export_dir and trainer.chief:
     export_in_tensorflow(cfg.model_dir, cfg.run.export_dir)
   return result
 
 
 def check_devices(strategy: str, platform: str, process_count: int) -> None:
   """--strategy=tpu or gpu needs JAX to have found that kind of device
-  (else it falls back to the CPU silently), and a JAX run is one host's
-  (a pod slice starts a JAX process per host)."""
+  (else it falls back to the CPU silently), and several JAX processes (a
+  pod slice runs one per host) need --strategy=multi_worker."""
   if strategy in ("tpu", "gpu") and platform != strategy:
     extra = "tpu" if strategy == "tpu" else "cuda13"
     raise config_lib.ConfigError(
         f"--strategy={strategy}: JAX found no {strategy.upper()}, only "
         f"{platform} devices. Install jax[{extra}] on a host that has one, "
         "or use --strategy=auto or cpu.")
-  if process_count > 1:
+  if process_count > 1 and strategy != "multi_worker":
     raise config_lib.ConfigError(
-        f"JAX runs {process_count} processes (a multi-host slice): "
-        "--backend=jax trains on one host so far; use a single-host machine "
-        "(v5e-8, v6e-8, one GPU host) or --backend=tensorflow.")
+        f"JAX runs {process_count} processes (a multi-host slice) under "
+        f"--strategy={strategy}: use --strategy=multi_worker on every "
+        "host.")
 
 
 def train(cfg: TrainConfig, trainer: JaxTrainer,
           files: preflight.DataFiles | None) -> dict:
   """trainer.fit on the synthetic input of `cfg` (files None) or on the
-  TFRecord `files`."""
+  TFRecord `files`: this process's share of them."""
   model, run_cfg = cfg.model, cfg.run
+  context = jax_input.host_context(jax.process_count(), jax.process_index())
   shape = dict(image_size=model.image_size, num_classes=model.num_classes,
                dtype=cfg.transfer_dtype)
   if files is None:
     synthetic = input_pipeline.synthetic_dataset_fn(
         model.image_size, model.num_classes, run_cfg.global_batch_size,
         cfg.transfer_dtype)
-    return trainer.fit(lambda _: jax_input.train_batches(synthetic, 0))
+    return trainer.fit(lambda _: jax_input.train_batches(synthetic, 0,
+                                                         context))
   num_eval = cfg.run.num_eval_images or input_pipeline.count_examples(
       files.validation)
   logging.info("Validation split: %d examples", num_eval)
@@ -115,10 +126,11 @@ def train(cfg: TrainConfig, trainer: JaxTrainer,
   def train_input(start_step: int) -> Batches:
     return jax_input.train_batches(input_pipeline.train_dataset_fn(
         cfg.input, files.train, run_cfg.global_batch_size, **shape,
-        seed=run_cfg.seed, start_step=start_step), faults.num_sources)
+        seed=run_cfg.seed, start_step=start_step), faults.num_sources,
+                                   context)
 
-  return trainer.fit(train_input, lambda: jax_input.eval_batches(eval_fn),
-                     faults)
+  return trainer.fit(train_input,
+                     lambda: jax_input.eval_batches(eval_fn, context), faults)
 
 
 def export_in_tensorflow(model_dir: str, export_dir: str) -> None:

@@ -49,6 +49,37 @@ def test_bad_setting_is_rejected_naming_its_flag(overrides, replicas, flag):
     validate(_config(**overrides), num_replicas=replicas)
 
 
+MULTI_HOST_JAX = dict(backend="jax", strategy="multi_worker")
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (dict(num_processes=2), "^--num_processes: for --backend=jax "
+     "--strategy=multi_worker .*TensorFlow's workers come from TF_CONFIG"),
+    (dict(strategy="multi_worker", coordinator_address="h:1",
+          num_processes=2, process_id=0),
+     "^--coordinator_address, --num_processes, --process_id: for "
+     "--backend=jax"),
+    (dict(MULTI_HOST_JAX, num_processes=2),
+     "^--num_processes given alone: set all three"),
+    (dict(MULTI_HOST_JAX, coordinator_address="h:1", process_id=0),
+     "^--coordinator_address, --process_id given alone"),
+    (dict(MULTI_HOST_JAX, coordinator_address="h:1", num_processes=2,
+          process_id=2), r"^--process_id=2 must be in \[0, "
+     r"--num_processes=2\)"),
+    (dict(MULTI_HOST_JAX, coordinator_address="host", num_processes=2,
+          process_id=1), "^--coordinator_address must be HOST:PORT"),
+])
+def test_the_jax_process_flags_go_together(overrides, message):
+  with pytest.raises(config_lib.ConfigError, match=message):
+    validate(_config(**overrides))
+
+
+def test_a_multi_host_jax_run_takes_all_three_process_flags_or_none():
+  validate(_config(**MULTI_HOST_JAX))
+  validate(_config(**MULTI_HOST_JAX, coordinator_address="10.0.0.2:8476",
+                   num_processes=4, process_id=3))
+
+
 def test_missing_data_dir_is_rejected(tmp_path):
   with pytest.raises(ValueError, match="--data_dir"):
     validate(_config(use_synthetic_data=False, data_dir=""))

@@ -19,61 +19,20 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RUN_TIMEOUT_S = 900
-# The demo's eval top-1 on JAX and on TensorFlow, after the same 100 steps
-# of the same data from different initial weights (each engine draws its
-# own): within 0.03 (8 of its 250 images). Measured: 1.000 on both.
-TOP1_TOLERANCE = 0.03
-# A tiny run on synthetic data: 2 virtual CPU devices, no eval set.
-TINY = ("--strategy=cpu", "--num_cpu_replicas=2", "--use_synthetic_data",
-        "--resnet_depth=18", "--image_size=32", "--num_classes=10",
-        "--global_batch_size=8", "--num_train_images=800",
-        "--warmup_epochs=0", "--checkpoint_every_minutes=0")
-
-
-def _env(**extra: str) -> dict:
-  """This process's environment without the test session's JAX settings
-  (main.py sets its own from --strategy and --backend)."""
-  env = {k: v for k, v in os.environ.items()
-         if k not in ("XLA_FLAGS", "JAX_PLATFORMS", "KERAS_BACKEND")}
-  return {**env, **extra}
-
-
-def _main(*flags: str, backend: str = "jax",
-          env: dict | None = None) -> subprocess.CompletedProcess:
-  return subprocess.run(
-      [sys.executable, "main.py", f"--backend={backend}", *flags], cwd=ROOT,
-      env=env or _env(), capture_output=True, text=True,
-      timeout=RUN_TIMEOUT_S)
-
-
-def _records(model_dir: str, split: str) -> list[dict]:
-  with open(os.path.join(model_dir, "metrics.jsonl")) as f:
-    return [r for r in map(json.loads, f) if r["split"] == split]
-
-
-def _ok(done: subprocess.CompletedProcess) -> str:
-  assert done.returncode == 0, done.stderr[-3000:]
-  return done.stderr
+from main_runs import ROOT
+from main_runs import RUN_TIMEOUT_S
+from main_runs import TINY
+from main_runs import TOP1_TOLERANCE
+from main_runs import env
+from main_runs import main
+from main_runs import make_demo_data
+from main_runs import ok
+from main_runs import records
 
 
 @pytest.fixture(scope="module")
 def demo_data(tmp_path_factory) -> str:
-  """make demo's TFRecords: 10 classes, 2,000 train and 250 validation
-  images of 40 px."""
-  out = str(tmp_path_factory.mktemp("demo_data"))
-  steps = [["data.make_synthetic", f"--output_dir={out}/images",
-            "--num_classes=10", "--images_per_class=200",
-            "--validation_images_per_class=25", "--image_size=40"]]
-  for split, shards in (("train", 4), ("validation", 2)):
-    steps.append(["data.build_tfrecords", f"--input_dir={out}/images/{split}",
-                  f"--output_dir={out}/tfrecords", f"--split={split}",
-                  f"--num_shards={shards}"])
-  for step in steps:
-    subprocess.run([sys.executable, "-m", *step], cwd=ROOT, env=_env(),
-                   check=True, capture_output=True, timeout=RUN_TIMEOUT_S)
-  return f"{out}/tfrecords"
+  return make_demo_data(str(tmp_path_factory.mktemp("demo_data")))
 
 
 @pytest.fixture(scope="module")
@@ -85,15 +44,15 @@ def demo_runs(demo_data, tmp_path_factory) -> dict:
     model_dir = str(tmp_path_factory.mktemp(f"demo_{backend}"))
     export = ((f"--export_dir={model_dir}/export",)
               if backend == "jax" else ())
-    done = _main("--flagfile=flags/cpu_demo.cfg", f"--data_dir={demo_data}",
-                 f"--model_dir={model_dir}", *export, backend=backend)
-    runs[backend] = (model_dir, _ok(done))
+    done = main("--flagfile=flags/cpu_demo.cfg", f"--data_dir={demo_data}",
+                f"--model_dir={model_dir}", *export, backend=backend)
+    runs[backend] = (model_dir, ok(done))
   return runs
 
 
 def test_the_demo_learns_on_jax_as_on_tensorflow(demo_runs):
-  jax_eval = _records(demo_runs["jax"][0], "eval")[-1]
-  tf_eval = _records(demo_runs["tensorflow"][0], "eval")[-1]
+  jax_eval = records(demo_runs["jax"][0], "eval")[-1]
+  tf_eval = records(demo_runs["tensorflow"][0], "eval")[-1]
   assert jax_eval["step"] == tf_eval["step"] == 100
   assert jax_eval["examples"] == tf_eval["examples"] == 250
   assert abs(jax_eval["top1"] - tf_eval["top1"]) <= TOP1_TOLERANCE, (
@@ -105,12 +64,12 @@ def test_a_jax_run_logs_its_loops_evals_and_checkpoints(demo_runs):
   model_dir, log = demo_runs["jax"]
   assert "Engine: Keras on jax" in log
   assert "BN groups [[0, 1], [2, 3]]" in log
-  train = _records(model_dir, "train")
+  train = records(model_dir, "train")
   assert [r["step"] for r in train] == [25, 50, 75, 100]
   assert all(r["examples"] == 25 * 64 and r["images_per_sec"] > 0
              for r in train)
   assert train[-1]["loss"] < train[0]["loss"]
-  assert [r["step"] for r in _records(model_dir, "eval")] == [50, 100]
+  assert [r["step"] for r in records(model_dir, "eval")] == [50, 100]
   assert "step 100/100: loss" in log and "ETA 0:00:00" in log
   assert {"ckpt-50.index", "ckpt-100.index"} <= set(os.listdir(model_dir))
   with open(os.path.join(model_dir, "config.json")) as f:
@@ -120,12 +79,12 @@ def test_a_jax_run_logs_its_loops_evals_and_checkpoints(demo_runs):
 def test_a_finished_jax_run_restores_and_evaluates_to_the_same_numbers(
     demo_runs, demo_data):
   model_dir, _ = demo_runs["jax"]
-  before = _records(model_dir, "eval")[-1]
-  log = _ok(_main("--flagfile=flags/cpu_demo.cfg", f"--data_dir={demo_data}",
-                  f"--model_dir={model_dir}"))
+  before = records(model_dir, "eval")[-1]
+  log = ok(main("--flagfile=flags/cpu_demo.cfg", f"--data_dir={demo_data}",
+                f"--model_dir={model_dir}"))
   assert f"Restored {model_dir}/ckpt-100 at step 100" in log
   assert "The run is finished at step 100" in log
-  after = _records(model_dir, "eval")[-1]
+  after = records(model_dir, "eval")[-1]
   assert (after["loss"], after["top1"]) == (before["loss"], before["top1"])
 
 
@@ -135,18 +94,18 @@ def test_the_jax_runs_savedmodel_scores_as_its_evaluation(demo_runs,
   done = subprocess.run(
       [sys.executable, "-m", "tools.evaluate",
        f"--saved_model={model_dir}/export", f"--data_dir={demo_data}"],
-      cwd=ROOT, env=_env(KERAS_BACKEND="tensorflow"), capture_output=True,
+      cwd=ROOT, env=env(KERAS_BACKEND="tensorflow"), capture_output=True,
       text=True, timeout=RUN_TIMEOUT_S, check=True)
   served = json.loads(done.stdout.strip().splitlines()[-1])
-  trained = _records(model_dir, "eval")[-1]
+  trained = records(model_dir, "eval")[-1]
   assert served["examples"] == trained["examples"]
   assert served["top1"] == pytest.approx(trained["top1"], abs=1 / 250)
 
 
 def test_tensorflow_refuses_to_resume_a_jax_run(demo_runs, demo_data):
   model_dir, _ = demo_runs["jax"]
-  done = _main("--flagfile=flags/cpu_demo.cfg", f"--data_dir={demo_data}",
-               f"--model_dir={model_dir}", backend="tensorflow")
+  done = main("--flagfile=flags/cpu_demo.cfg", f"--data_dir={demo_data}",
+              f"--model_dir={model_dir}", backend="tensorflow")
   assert done.returncode == 1
   assert "--backend=jax there, tensorflow here" in done.stderr
   assert "Traceback" not in done.stderr
@@ -160,7 +119,7 @@ def test_sigterm_saves_exits_42_and_the_next_run_resumes(tmp_path):
     """Runs main.py until it logs `line`, then sends SIGTERM."""
     process = subprocess.Popen(
         [sys.executable, "main.py", "--backend=jax", *flags], cwd=ROOT,
-        env=_env(), stderr=subprocess.PIPE, text=True)
+        env=env(), stderr=subprocess.PIPE, text=True)
     seen = []
     for text in process.stderr:
       seen.append(text)
@@ -185,10 +144,10 @@ def test_a_damaged_latest_checkpoint_is_set_aside_and_the_one_before_restored(
     tmp_path):
   flags = (*TINY, "--train_steps=4", "--steps_per_loop=2",
            "--checkpoint_every_steps=2", f"--model_dir={tmp_path}")
-  _ok(_main(*flags))
+  ok(main(*flags))
   data = tmp_path / "ckpt-4.data-00000-of-00001"
   data.write_bytes(data.read_bytes()[:100])
-  log = _ok(_main(*flags))
+  log = ok(main(*flags))
   assert f"Checkpoint {tmp_path}/ckpt-4 is damaged" in log
   assert f"Restored {tmp_path}/ckpt-2 at step 2" in log
   assert (tmp_path / "damaged" / "ckpt-4").is_dir()
@@ -196,9 +155,9 @@ def test_a_damaged_latest_checkpoint_is_set_aside_and_the_one_before_restored(
 
 
 def test_a_nan_loss_stops_a_jax_run_without_saving(tmp_path):
-  done = _main(*TINY, "--train_steps=4", "--steps_per_loop=2",
-               "--checkpoint_every_steps=2", "--base_learning_rate=1e30",
-               f"--model_dir={tmp_path}")
+  done = main(*TINY, "--train_steps=4", "--steps_per_loop=2",
+              "--checkpoint_every_steps=2", "--base_learning_rate=1e30",
+              f"--model_dir={tmp_path}")
   assert done.returncode == 1
   assert "NonFiniteLossError: Loss or gradients are NaN/Inf at step" in (
       done.stderr)
@@ -218,26 +177,30 @@ def test_a_nan_loss_stops_a_jax_run_without_saving(tmp_path):
     ("--strategy=tpu", "--strategy=tpu: JAX found no TPU, only cpu "
      "devices"),
     ("--tpu=my-tpu", "--tpu=my-tpu is not supported with --backend=jax"),
+    ("--num_processes=2", "--num_processes: for --backend=jax "
+     "--strategy=multi_worker"),
 ])
 def test_bad_flags_on_jax_get_one_line(tmp_path, flag, message):
-  done = _main(*TINY, "--train_steps=4", f"--model_dir={tmp_path}", flag)
+  done = main(*TINY, "--train_steps=4", f"--model_dir={tmp_path}", flag)
   assert done.returncode == 1
   last = done.stderr.strip().splitlines()[-1]
   assert last.startswith("main.py: error: ") and message in last, last
   assert "Traceback" not in done.stderr
 
 
-def test_a_jax_run_is_one_hosts():
+def test_several_jax_processes_need_multi_worker():
   from resnet_tpu import run_jax  # pylint: disable=g-import-not-at-top
   run_jax.check_devices("cpu", "cpu", 1)
+  run_jax.check_devices("multi_worker", "cpu", 2)
   with pytest.raises(run_jax.config_lib.ConfigError,
-                     match="JAX runs 4 processes .* one host so far"):
+                     match="JAX runs 4 processes .* under --strategy=tpu: "
+                     "use --strategy=multi_worker"):
     run_jax.check_devices("tpu", "tpu", 4)
 
 
 def test_an_unknown_keras_backend_gets_one_line(tmp_path):
-  done = _main(*TINY, "--train_steps=4", f"--model_dir={tmp_path}",
-               backend="auto", env=_env(KERAS_BACKEND="torch"))
+  done = main(*TINY, "--train_steps=4", f"--model_dir={tmp_path}",
+              backend="auto", environ=env(KERAS_BACKEND="torch"))
   assert done.returncode == 1
   assert ("main.py: error: KERAS_BACKEND='torch': resnet_tpu runs on "
           "Keras's tensorflow or jax engine") in done.stderr

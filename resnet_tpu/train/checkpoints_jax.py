@@ -12,7 +12,12 @@ The layout differs from a TensorFlow run's (Keras's own object graph), so
 neither engine resumes the other's checkpoints (config.json's `backend`
 is compared on resume). export.py reads a JAX run's weights through the
 same `weights_module` around the TensorFlow-built network's variables.
+
+In a multi-host run (parallel/jax_processes.py) every process holds the
+same replicated state and restores from the same files; process 0 alone
+writes them.
 """
+import os
 from typing import Sequence
 
 import jax
@@ -42,9 +47,9 @@ class JaxCheckpoints:
                                  _twins(model.non_trainable_variables))
     self._optimizer = tf.Module()
     self._optimizer.variables_ = _twins(optimizer.variables)
-    position = [i for i, v in enumerate(optimizer.variables)
-                if v.path == optimizer.iterations.path]
-    self._optimizer.iterations = self._optimizer.variables_[position[0]]
+    self._step_index = [i for i, v in enumerate(optimizer.variables)
+                        if v.path == optimizer.iterations.path][0]
+    self._optimizer.iterations = self._optimizer.variables_[self._step_index]
     self.input_batches = tf.Variable(0, dtype=tf.int64, trainable=False,
                                      name="input_batches")
     self.store = Checkpoints(cfg, self._model, self._optimizer,
@@ -58,7 +63,12 @@ class JaxCheckpoints:
     return self.store.latest()
 
   def save(self, state: TrainState, input_batches: int) -> str:
-    """Writes `state` (read from the devices) and the input position."""
+    """Writes `state` (read from the devices) and the input position;
+    returns the checkpoint's path (on other processes than the chief, the
+    path the chief writes)."""
+    if not self.store.chief:
+      step = int(jax.device_get(state.optimizer[self._step_index]))
+      return os.path.join(self.store.directory, f"ckpt-{step}")
     values = jax.device_get(state)
     for twins, group in zip(self._groups(), values):
       for twin, value in zip(twins, group):

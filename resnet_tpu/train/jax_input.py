@@ -1,9 +1,10 @@
 """The input hand-off of a JAX run: tf.data batches as numpy on the host.
 
 The pipeline is the TensorFlow path's (input_pipeline.py, Ying et al. 2018
-§3.2), built for one host feeding the whole global batch, as big_vision and
-flax feed JAX on TPU VMs; the trainer puts each batch on the devices, split
-over the replicas (jax_step.JaxTrainStep.shard_batch). Training batches
+§3.2), one per host (process), each feeding its share of every global batch
+from its own shard of the files, as big_vision and flax feed JAX on TPU VMs;
+the trainer puts each share on the host's devices, split over its replicas
+(jax_step.JaxTrainStep.shard_batch). Training batches
 carry their fault counts (record_guards.fault_counts, the same counts the
 TensorFlow step sums), so a JAX run names its unusable and lost records as
 the TensorFlow one does.
@@ -17,18 +18,22 @@ from resnet_tpu.inputs import record_guards
 from resnet_tpu.inputs.input_pipeline import DatasetFn
 
 
-def one_host_context() -> tf.distribute.InputContext:
-  """One pipeline that yields whole global batches."""
-  return tf.distribute.InputContext(num_input_pipelines=1,
-                                    input_pipeline_id=0,
-                                    num_replicas_in_sync=1)
+def host_context(num_hosts: int = 1, host: int = 0
+                 ) -> tf.distribute.InputContext:
+  """Host `host`'s pipeline of `num_hosts`: 1/num_hosts of every global
+  batch."""
+  return tf.distribute.InputContext(num_input_pipelines=num_hosts,
+                                    input_pipeline_id=host,
+                                    num_replicas_in_sync=num_hosts)
 
 
-def train_batches(dataset_fn: DatasetFn, num_sources: int
+def train_batches(dataset_fn: DatasetFn, num_sources: int,
+                  context: tf.distribute.InputContext = host_context()
                   ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-  """(images, labels, faults) global batches without end; `faults` is
-  [unusable, lost, per source...] (num_sources of them)."""
-  for images, labels in dataset_fn(one_host_context()):
+  """(images, labels, faults): this host's share of each global batch,
+  without end; `faults` is [unusable, lost, per source...] (num_sources of
+  them), this host's counts."""
+  for images, labels in dataset_fn(context):
     unusable, lost, by_source = record_guards.fault_counts(labels,
                                                            num_sources)
     faults = np.concatenate([[unusable.numpy(), lost.numpy()],
@@ -36,9 +41,11 @@ def train_batches(dataset_fn: DatasetFn, num_sources: int
     yield images.numpy(), labels.numpy(), faults
 
 
-def eval_batches(dataset_fn: DatasetFn
+def eval_batches(dataset_fn: DatasetFn,
+                 context: tf.distribute.InputContext = host_context()
                  ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-  """(images, labels, mask) global batches of one pass over the eval set
-  (mask 0 on the padding of the last)."""
-  for images, labels, mask in dataset_fn(one_host_context()):
+  """(images, labels, mask): this host's share of each global batch of one
+  pass over the eval set (mask 0 on the padding); every host yields the
+  same number of batches (input_pipeline.eval_dataset_fn)."""
+  for images, labels, mask in dataset_fn(context):
     yield images.numpy(), labels.numpy(), mask.numpy()

@@ -34,6 +34,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 import keras
 from keras import ops
+import numpy as np
 
 from resnet_tpu.parallel.bn_all_reduce_jax import REPLICA_AXES
 
@@ -137,16 +138,24 @@ class JaxTrainStep:
         in_specs=(replicated, batch, batch, batch), out_specs=replicated))
 
   def state(self) -> TrainState:
-    """The variables' current values, replicated on every device."""
-    values = TrainState(
+    """The variables' current values, replicated on every device (of
+    every process: each must hold the same values)."""
+    return self.replicate(TrainState(
         [v.value for v in self.model.trainable_variables],
         [v.value for v in self.model.non_trainable_variables],
-        [v.value for v in self.optimizer.variables])
-    return jax.device_put(values, self.replicated)
+        [v.value for v in self.optimizer.variables]))
+
+  def replicate(self, state: TrainState) -> TrainState:
+    """`state`'s values (host or device arrays, the same in every process)
+    replicated on every device of the mesh."""
+    return jax.device_put(jax.tree.map(np.asarray, state), self.replicated)
 
   def shard_batch(self, *arrays):
-    """A global batch's arrays split over the replicas, in device order."""
-    return tuple(jax.device_put(a, self.batch_sharding) for a in arrays)
+    """This process's share of a global batch's arrays, split over its
+    replicas: one global array each, in device order (one process: the
+    whole batch)."""
+    return tuple(jax.make_array_from_process_local_data(
+        self.batch_sharding, np.asarray(a)) for a in arrays)
 
   def write_back(self, state: TrainState) -> None:
     """Sets the Keras variables to `state` (to save or evaluate)."""

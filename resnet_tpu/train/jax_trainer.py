@@ -14,6 +14,12 @@ What differs is the engine's own part:
 - the state lives on the devices as a TrainState and is checkpointed
   through checkpoints_jax.py;
 - the input arrives as numpy batches (jax_input.py).
+
+On several hosts (--strategy=multi_worker, one process each: parallel/
+jax_processes.py) every process runs this loop on its share of each batch;
+process 0 writes the files; SIGTERM, the checkpoint clock and the fault
+counts are agreed after each host loop, the restored step before the
+first; every process waits for each checkpoint to be written.
 """
 import time
 from typing import Callable, Iterator
@@ -26,6 +32,7 @@ from resnet_tpu.config import TrainConfig
 from resnet_tpu.inputs.shard_audit import DataFaults
 from resnet_tpu.model.resnet import build_model
 from resnet_tpu.optim import optimizers
+from resnet_tpu.parallel import jax_processes
 from resnet_tpu.train import cadence
 from resnet_tpu.train import loop_report
 from resnet_tpu.train import preemption
@@ -33,6 +40,7 @@ from resnet_tpu.train.checkpoints_jax import JaxCheckpoints
 from resnet_tpu.train.loop_result import LoopResult
 from resnet_tpu.train.jax_step import JaxTrainStep
 from resnet_tpu.train.jax_step import LossConfig
+from resnet_tpu.train.jax_step import TrainState
 from resnet_tpu.train.metrics_log import MetricsLog
 
 Batches = Iterator[tuple[np.ndarray, ...]]
@@ -59,13 +67,16 @@ class JaxTrainer:
         self.model, self.optimizer, mesh,
         LossConfig(cfg.model.num_classes, cfg.run.global_batch_size,
                    optim.label_smoothing, weight_decay))
-    self.state = self.step_fn.state()
+    # Every process starts from process 0's initial weights.
+    self.state = self.step_fn.replicate(jax_processes.from_chief(
+        jax.device_get(self.step_fn.state())))
     self.step = 0
     self.input_batches = 0  # global batches read from the training input
     self._faults = None
+    self.chief = jax_processes.is_chief()
     self.checkpoints = JaxCheckpoints(cfg, self.model, self.optimizer,
-                                      cfg.model_dir)
-    self.metrics = MetricsLog(cfg.model_dir)
+                                      cfg.model_dir, self.chief)
+    self.metrics = MetricsLog(cfg.model_dir, enabled=self.chief)
     self.save_timer = cadence.SaveTimer(cfg.run.checkpoint_every_minutes)
     self._loop_callback = loop_callback
     self._start_time = time.time()
@@ -74,9 +85,12 @@ class JaxTrainer:
     """Restores the newest intact checkpoint of model_dir; returns the
     step. Metric records of later steps (to be redone) are dropped."""
     path, state, input_batches = self.checkpoints.restore()
+    jax_processes.check_agree(
+        [self.step if path is None else int(self._iterations(state)),
+         input_batches], ("restored step", "input position"))
     if path is None:
       return self.step
-    self.state = jax.device_put(state, self.step_fn.replicated)
+    self.state = self.step_fn.replicate(state)
     self.input_batches = input_batches
     self.optimizer.iterations.assign(self._iterations())
     self.step = int(self.optimizer.iterations.numpy())
@@ -88,13 +102,18 @@ class JaxTrainer:
                    self.step)
     return self.step
 
-  def _iterations(self):
-    """The optimizer's step count in self.state."""
+  def _iterations(self, state: TrainState | None = None):
+    """The optimizer's step count in `state` (self.state by default)."""
     paths = [v.path for v in self.optimizer.variables]
-    return self.state.optimizer[paths.index(self.optimizer.iterations.path)]
+    state = self.state if state is None else state
+    return state.optimizer[paths.index(self.optimizer.iterations.path)]
 
   def save(self) -> str:
-    return self.checkpoints.save(self.state, self.input_batches)
+    """Checkpoints the state (process 0 writes it); returns its path once
+    it is written."""
+    path = self.checkpoints.save(self.state, self.input_batches)
+    jax_processes.barrier(f"checkpoint at step {self.step}")
+    return path
 
   def evaluate(self, batches: Batches) -> dict:
     """Top-1/top-5 over every example of one pass of `batches` (padding
@@ -174,9 +193,11 @@ class JaxTrainer:
                                self.checkpoints.latest)
       step = self.step
       last = self._log_train(result, n, seconds, start_step, total)
-      preempted = sigterm.received and step < total
+      sigterm_any, timer_due = jax_processes.gather(
+          [sigterm.received, self.save_timer.due_here()]).any(axis=0)
+      preempted = bool(sigterm_any) and step < total
       do_eval = evaluate is not None and plan.eval_due(step)
-      if plan.save_due(step) or self.save_timer.due_here() or preempted:
+      if plan.save_due(step) or timer_due or preempted:
         path = self.save()
         self.save_timer.restart()
       if do_eval:
@@ -203,7 +224,9 @@ class JaxTrainer:
     sums = {k: float(sum(m[k] for m in kept))
             for k in ("loss", "top1", "top5", "examples")}
     n = max(sums["examples"], 1.0)
-    faults = np.asarray(faults, np.float64).reshape(-1)
+    # Every host's counts: each read its own files.
+    faults = jax_processes.gather(
+        np.rint(np.asarray(faults, np.float64)).reshape(-1)).sum(axis=0)
     count = lambda v: int(round(float(v)))
     return LoopResult(
         sums["loss"] / n, sums["top1"] / n, sums["top5"] / n,

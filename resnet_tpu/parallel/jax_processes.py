@@ -1,0 +1,101 @@
+"""The processes of a multi-host JAX run: one per host (jax.distributed).
+
+Each process drives its own devices and feeds them its share of every
+global batch; the step's collectives span all of them (jax_step.py). What
+TensorFlow's MultiWorkerMirroredStrategy agrees with small all-reduces
+(preemption.SigtermWatcher.any_worker_received, cadence.SaveTimer.due,
+checkpointing.check_workers_agree), a JAX run agrees here, with one
+allgather of a few integers across the processes, as big_vision and flax
+do with jax.experimental.multihost_utils. With one process nothing is
+exchanged.
+"""
+from typing import Sequence
+
+from absl import logging
+import jax
+from jax.experimental import multihost_utils
+import numpy as np
+
+from resnet_tpu.config import ConfigError
+from resnet_tpu.config import DistributionConfig
+
+# How long process 0 waits for the others to join, and they for it.
+START_TIMEOUT_S = 300
+
+
+def start(dist: DistributionConfig,
+          timeout_s: int = START_TIMEOUT_S) -> None:
+  """jax.distributed.initialize from --coordinator_address, --num_processes
+  and --process_id (config._check_processes), or, all unset, from JAX's
+  cluster detection (Cloud TPU, SLURM, Open MPI, Kubernetes). Call before
+  JAX starts its devices."""
+  given = dist.num_processes > 0
+  try:
+    jax.distributed.initialize(
+        dist.coordinator_address or None,
+        dist.num_processes if given else None,
+        dist.process_id if given else None,
+        # Flags given: no look for a cluster (Cloud TPU's asks a server).
+        cluster_detection_method="deactivate" if given else None,
+        initialization_timeout=timeout_s)
+  except (RuntimeError, ValueError) as e:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    raise ConfigError(
+        "--strategy=multi_worker on JAX could not start its processes "
+        f"(jax.distributed.initialize: {type(e).__name__}: {first}). Give "
+        "every host --coordinator_address=HOST:PORT (process 0's), "
+        "--num_processes and its own --process_id, or run where JAX "
+        "detects the cluster (a Cloud TPU slice, SLURM, Open MPI).") from e
+  logging.info("JAX process %d of %d (jax.distributed)", jax.process_index(),
+               jax.process_count())
+
+
+def is_chief() -> bool:
+  """Process 0 writes the run's files (config, metrics, checkpoints)."""
+  return jax.process_index() == 0
+
+
+def gather(values: Sequence[int]) -> np.ndarray:
+  """Every process's `values`: [processes, len(values)] int64 (a
+  collective: every process calls it at the same point)."""
+  mine = np.asarray(values, np.int64)
+  if jax.process_count() == 1:
+    return mine[None]
+  return np.asarray(multihost_utils.process_allgather(mine)).reshape(
+      jax.process_count(), -1)
+
+
+def any_process(flag: bool) -> bool:
+  """Whether `flag` is set on any process (a collective)."""
+  return bool(gather([int(flag)]).any())
+
+
+def check_agree(values: Sequence[int], what: Sequence[str]) -> None:
+  """Raises ConfigError naming each process's `values` (named by `what`)
+  unless all processes hold the same (a collective)."""
+  every = gather(values)
+  if (every == every[0]).all():
+    return
+  raise ConfigError(
+      "The JAX processes disagree on " + " and ".join(what) + " (" +
+      "; ".join(f"process {i}: " + ", ".join(
+          f"{w} {v}" for w, v in zip(what, row))
+                for i, row in enumerate(every.tolist())) +
+      "). Stopped before any training step. Every process must read the "
+      "same --model_dir: give them all the same one, see each process's "
+      "warnings for a checkpoint it found damaged, and run again.")
+
+
+def barrier(name: str) -> None:
+  """Waits until every process reaches `name` (no-op on one process)."""
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(name)
+
+
+def from_chief(tree):
+  """Process 0's values of `tree` (host arrays) on every process, as
+  MultiWorkerMirroredStrategy starts every worker from the chief's
+  initial weights."""
+  if jax.process_count() == 1:
+    return tree
+  return multihost_utils.broadcast_one_to_all(tree)

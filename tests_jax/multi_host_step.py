@@ -1,0 +1,67 @@
+"""One process of a multi-host JAX run of engine_cases' float32 step: three
+training steps at each BN group size, each process feeding its share of
+every global batch (test_multi_host.py starts two, and one alone on as
+many devices, and compares them).
+
+usage: multi_host_step.py OUT_DIR NUM_PROCESSES PROCESS_ID PORT GROUP...
+Process 0 also writes the initial weights. Run with JAX_PLATFORMS=cpu and
+XLA's host device count set. One process (NUM_PROCESSES 1) is the reference:
+it sums over the same collectives library (gloo) as several do, so that the
+runs differ only in how the replicas are spread over processes. (Against a
+run without jax.distributed, whose all-reduces are XLA's own, float32
+rounding differs, and in three steps flips enough ReLUs near 0 to move
+some tensors by 1 %, as between the engines: engine_cases.STEP_CASES.)
+"""
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__))))
+
+STEPS = 3
+
+
+def host_rows(num_processes: int, process_id: int, rows: int) -> slice:
+  """This process's share of a global batch of `rows`."""
+  share = rows // num_processes
+  return slice(process_id * share, (process_id + 1) * share)
+
+
+def main(out_dir: str, num_processes: int, process_id: int, port: int,
+         groups: list[int]) -> None:
+  import jax  # pylint: disable=g-import-not-at-top
+  jax.distributed.initialize(f"127.0.0.1:{port}", num_processes, process_id,
+                             cluster_detection_method="deactivate",
+                             initialization_timeout=120)
+  import keras  # pylint: disable=g-import-not-at-top
+  import engine_cases as cases  # pylint: disable=g-import-not-at-top
+  from resnet_tpu.optim.optimizers import build_optimizer  # pylint: disable=g-import-not-at-top
+  from resnet_tpu.parallel.bn_all_reduce_jax import build_mesh  # pylint: disable=g-import-not-at-top
+  from resnet_tpu.train import jax_step  # pylint: disable=g-import-not-at-top
+  for group in groups:
+    keras.utils.set_random_seed(0)
+    cfg = cases.step_config("float32", group)
+    model = cases.build_network("float32", cfg)
+    step = jax_step.JaxTrainStep(
+        model, build_optimizer("momentum", cases.LEARNING_RATE),
+        build_mesh(group, jax.devices()),
+        jax_step.LossConfig(cfg.model.num_classes, cfg.run.global_batch_size,
+                            cfg.optim.label_smoothing, cfg.optim.weight_decay))
+    state = step.state()
+    if process_id == 0:
+      np.savez(os.path.join(out_dir, f"init_g{group}.npz"),
+               *jax.device_get(jax.tree.leaves(state)))
+    rows = host_rows(num_processes, process_id, cases.GLOBAL_BATCH)
+    for seed in range(STEPS):
+      images, labels = cases.batch("float32", seed)
+      state, _ = step.step(state, *step.shard_batch(images[rows],
+                                                    labels[rows]))
+    np.savez(os.path.join(out_dir, f"after_g{group}_p{process_id}.npz"),
+             *jax.device_get(jax.tree.leaves(state)))
+
+
+if __name__ == "__main__":
+  main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]),
+       [int(g) for g in sys.argv[5:]])
