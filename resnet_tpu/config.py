@@ -511,7 +511,6 @@ def validate(cfg: TrainConfig, num_replicas: int | None = None) -> None:
 JAX_UNSUPPORTED = (
     ("precision", lambda v: v == "float16", "float16's dynamic loss "
      "scaling is TensorFlow's; use bfloat16 or float32"),
-    ("skip_nonfinite_steps", bool, "a NaN/Inf step stops a JAX run"),
     ("batch_size_schedule", bool, "batch-size control (gradient "
      "accumulation) is TensorFlow's"),
     ("bn_stats", lambda v: v == "recompute", "BN statistics "
@@ -524,7 +523,6 @@ JAX_UNSUPPORTED = (
     ("tpu", lambda v: v not in ("", "local"), "JAX uses this host's own "
      "chips: --tpu=local or none"),
     ("init_checkpoint", bool, "fine-tuning reads TensorFlow checkpoints"),
-    ("profile_steps", bool, "the profiler is TensorFlow's"),
 )
 
 

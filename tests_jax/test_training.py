@@ -168,8 +168,8 @@ def test_a_nan_loss_stops_a_jax_run_without_saving(tmp_path):
 @pytest.mark.parametrize("flag,message", [
     ("--precision=float16", "--precision=float16 is not supported with "
      "--backend=jax"),
-    ("--skip_nonfinite_steps", "--skip_nonfinite_steps=True is not "
-     "supported with --backend=jax"),
+    ("--bn_stats=recompute", "--bn_stats=recompute is not supported with "
+     "--backend=jax"),
     ("--batch_size_schedule=0:16", "--batch_size_schedule=0:16 is not "
      "supported with --backend=jax"),
     ("--num_cpu_replicas=3", "--global_batch_size=8 must be divisible by "

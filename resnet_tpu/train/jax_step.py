@@ -22,8 +22,11 @@ Each step also says whether its loss or any summed gradient was NaN/Inf
 JAX run stops on such a step (loop_report.check_finite). `evaluate` sums
 an eval batch's metrics over the replicas, its padding masked out.
 
-float16 (dynamic loss scaling), --skip_nonfinite_steps and batch-size
-control are TensorFlow's alone so far (config.JAX_UNSUPPORTED).
+With --skip_nonfinite_steps such a step leaves no trace instead: the
+weights, the optimizer's variables (its step count among them) and the BN
+moving statistics keep their values, as train_step.ReplicaStep's
+_apply_if_finite. float16 (dynamic loss scaling) and batch-size control are
+TensorFlow's alone so far (config.JAX_UNSUPPORTED).
 """
 import dataclasses
 import functools
@@ -107,7 +110,9 @@ class JaxTrainStep:
 
   def __init__(self, model: keras.Model,
                optimizer: keras.optimizers.Optimizer,
-               mesh: jax.sharding.Mesh, loss: LossConfig):
+               mesh: jax.sharding.Mesh, loss: LossConfig,
+               skip_nonfinite: bool = False):
+    """skip_nonfinite: --skip_nonfinite_steps."""
     if keras.backend.backend() != "jax":
       raise RuntimeError("JaxTrainStep needs KERAS_BACKEND=jax.")
     if loss.global_batch_size % mesh.size:
@@ -117,6 +122,7 @@ class JaxTrainStep:
     self.optimizer = optimizer
     self.mesh = mesh
     self.loss = loss
+    self.skip_nonfinite = skip_nonfinite
     optimizer.build(model.trainable_variables)
     self.decayed = decayed_indices(model) if loss.weight_decay else []
     self.replica_local = replica_local_indices(model)
@@ -202,8 +208,11 @@ class JaxTrainStep:
                                 for g in [sums[0]] + list(grads)]))
     metrics = dict(zip(METRICS, ops.unstack(sums)))
     metrics["nonfinite"] = 1.0 - ops.cast(finite, "float32")
-    return (TrainState(list(trainable), list(non_trainable),
-                       list(optimizer)), metrics)
+    new = TrainState(list(trainable), list(non_trainable), list(optimizer))
+    if self.skip_nonfinite:  # `finite` is the same on every replica
+      new = jax.tree.map(lambda n, old: ops.where(finite, n, old), new,
+                         state)
+    return new, metrics
 
   def _replica_eval(self, state: TrainState, images, labels, mask):
     logits, _ = self.model.stateless_call(

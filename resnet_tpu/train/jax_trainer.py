@@ -5,7 +5,8 @@ host loops of --steps_per_loop steps that end at every eval and checkpoint
 step (cadence.StepCadence), checkpoints on the wall clock too, one
 metrics.jsonl record and log line per loop with the ETA (loop_report.py),
 SIGTERM checked between loops (a checkpoint, then exit 42: preemption.py),
-and a NaN/Inf step stops the run without saving.
+a NaN/Inf step stops the run without saving (--skip_nonfinite_steps: it
+is skipped, not counted), and --profile_steps records its host loops.
 
 What differs is the engine's own part:
 - a host loop is a Python loop of jitted steps (jax_step.JaxTrainStep),
@@ -42,6 +43,7 @@ from resnet_tpu.train.jax_step import JaxTrainStep
 from resnet_tpu.train.jax_step import LossConfig
 from resnet_tpu.train.jax_step import TrainState
 from resnet_tpu.train.metrics_log import MetricsLog
+from resnet_tpu.train.profiling import StepProfiler
 
 Batches = Iterator[tuple[np.ndarray, ...]]
 # Called with each host loop's train record once it is logged.
@@ -66,7 +68,8 @@ class JaxTrainer:
     self.step_fn = JaxTrainStep(
         self.model, self.optimizer, mesh,
         LossConfig(cfg.model.num_classes, cfg.run.global_batch_size,
-                   optim.label_smoothing, weight_decay))
+                   optim.label_smoothing, weight_decay),
+        skip_nonfinite=optim.skip_nonfinite_steps)
     # Every process starts from process 0's initial weights.
     self.state = self.step_fn.replicate(jax_processes.from_chief(
         jax.device_get(self.step_fn.state())))
@@ -78,6 +81,9 @@ class JaxTrainer:
                                       cfg.model_dir, self.chief)
     self.metrics = MetricsLog(cfg.model_dir, enabled=self.chief)
     self.save_timer = cadence.SaveTimer(cfg.run.checkpoint_every_minutes)
+    self.profiler = StepProfiler(cfg.run.profile_range, cfg.model_dir,
+                                 jax.profiler.start_trace,
+                                 jax.profiler.stop_trace)
     self._loop_callback = loop_callback
     self._start_time = time.time()
 
@@ -167,6 +173,7 @@ class JaxTrainer:
       with preemption.SigtermWatcher() as sigterm:
         return self._train(batches, evaluate, sigterm)
     finally:
+      self.profiler.stop()
       self.metrics.flush()
 
   def _train(self, batches: Batches, evaluate: Callable[[], dict] | None,
@@ -183,13 +190,18 @@ class JaxTrainer:
     self.save_timer.restart()
     seconds_per_step = None  # the pace of the last loop (--max_loop_seconds)
     while step < total:
-      n = plan.loop_steps(step, run.steps_per_loop, cadence.timed_loop_limit(
-          run.max_loop_seconds, seconds_per_step))
+      n = plan.loop_steps(step, run.steps_per_loop,
+                          self.profiler.loop_limit(step),
+                          cadence.timed_loop_limit(run.max_loop_seconds,
+                                                   seconds_per_step))
+      self.profiler.before_loop(step, n)
       t0 = time.time()
       result = self._host_loop(batches, n)
       seconds = time.time() - t0
       seconds_per_step = seconds / n
-      loop_report.check_finite(result, step, n, False,
+      self.profiler.after_loop(step + n)
+      loop_report.check_finite(result, step, n,
+                               self.cfg.optim.skip_nonfinite_steps,
                                self.checkpoints.latest)
       step = self.step
       last = self._log_train(result, n, seconds, start_step, total)
@@ -217,7 +229,7 @@ class JaxTrainer:
       per_step.append(metrics)
       faults = faults + batch_faults
     per_step = jax.device_get(per_step)  # blocks until the loop is done
-    self.step += num_steps
+    self.step = int(jax.device_get(self._iterations()))  # skips not counted
     self.input_batches += num_steps
     nonfinite = [i for i, m in enumerate(per_step) if m["nonfinite"]]
     kept = [m for m in per_step if not m["nonfinite"]]

@@ -7,16 +7,33 @@ the profiler starts before the loop that runs the range's first step and
 stops after the loop that runs its last, so it records exactly those steps.
 It writes `<model_dir>/plugins/profile/<date>/<host>.xplane.pb`, which
 `tensorboard --logdir <model_dir>` shows with tensorboard-plugin-profile.
+The engine's profiler is an argument: tf.profiler on TensorFlow (the
+default), jax.profiler on JAX (jax_trainer.py), both writing that file.
 """
+from typing import Callable
+
 from absl import logging
-import tensorflow as tf
+
+
+def _tensorflow_start(logdir: str) -> None:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tf.profiler.experimental.start(logdir)
+
+
+def _tensorflow_stop() -> None:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tf.profiler.experimental.stop()
 
 
 class StepProfiler:
-  """Starts and stops tf.profiler around the host loops of a step range."""
+  """Starts and stops a profiler around the host loops of a step range."""
 
-  def __init__(self, steps: tuple[int, int] | None, logdir: str):
+  def __init__(self, steps: tuple[int, int] | None, logdir: str,
+               start: Callable[[str], None] = _tensorflow_start,
+               stop: Callable[[], None] = _tensorflow_stop):
+    """`start(logdir)` and `stop()`: the engine's profiler."""
     self.steps, self.logdir = steps, logdir
+    self._start, self._stop = start, stop
     self.running = False
 
   def loop_limit(self, step: int) -> int | None:
@@ -32,7 +49,7 @@ class StepProfiler:
     """Called before a host loop running steps step+1 .. step+num_steps."""
     if (self.steps and not self.running and
         step < self.steps[1] and step + num_steps >= self.steps[0]):
-      tf.profiler.experimental.start(self.logdir)
+      self._start(self.logdir)
       self.running = True
       logging.info("Profiling from step %d (--profile_steps=%d,%d) into %s",
                    step + 1, *self.steps, self.logdir)
@@ -47,5 +64,5 @@ class StepProfiler:
 
   def stop(self) -> None:
     if self.running:
-      tf.profiler.experimental.stop()
+      self._stop()
       self.running = False
