@@ -522,7 +522,6 @@ JAX_UNSUPPORTED = (
     ("all_reduce_grid", bool, "it shapes TensorFlow's 2-D all-reduces"),
     ("tpu", lambda v: v not in ("", "local"), "JAX uses this host's own "
      "chips: --tpu=local or none"),
-    ("init_checkpoint", bool, "fine-tuning reads TensorFlow checkpoints"),
 )
 
 

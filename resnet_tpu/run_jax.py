@@ -13,21 +13,24 @@ TensorFlow must be installed beside JAX: the input is tf.data, and the
 checkpoints, metrics and export go through TensorFlow's file and checkpoint
 APIs (so gs:// model_dirs work). The SavedModel is written by a TensorFlow
 engine process (resnet_tpu.export on the run's final checkpoint), so it has
-the TensorFlow path's signatures exactly. README "Running on JAX" lists
-what differs.
+the TensorFlow path's signatures exactly; --init_checkpoint is read by one
+too (warm_start.write_weights). README "Running on JAX" lists what differs.
 """
 import os
 import subprocess
 import sys
+import tempfile
 
 from absl import logging
 import jax
 import keras
+import numpy as np
 import tensorflow as tf
 
 from resnet_tpu import config as config_lib
 from resnet_tpu import export
 from resnet_tpu import preflight
+from resnet_tpu import warm_start
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.inputs import input_pipeline
 from resnet_tpu.inputs import shard_audit
@@ -64,12 +67,22 @@ def run(cfg: TrainConfig, loop_callback: LoopCallback | None = None) -> dict:
   # TensorFlow feeds the input and writes files; JAX alone holds the GPUs.
   tf.config.set_visible_devices([], "GPU")
   cfg, files, changes = preflight.check_run(cfg)
+  # Fine-tuning: a run that has no checkpoint yet starts from another's.
+  fine_tune = bool(cfg.run.init_checkpoint and
+                   not tf.train.latest_checkpoint(cfg.model_dir))
+  if fine_tune:
+    warm_start.check_compatible(
+        cfg, warm_start.find_source(cfg.run.init_checkpoint))
   keras.utils.set_random_seed(cfg.run.seed)
   mesh = build_mesh(cfg.model.bn_group_size, devices)
   logging.info("JAX %s on %d %s device(s) of %d process(es); BN groups %s",
                jax.__version__, len(devices), devices[0].platform,
                jax.process_count(), replica_groups(mesh))
   trainer = JaxTrainer(cfg, mesh, loop_callback)
+  if fine_tune:
+    warm_start.warm_start_from_weights(cfg, trainer.model,
+                                       source_weights(cfg.run.init_checkpoint))
+    trainer.reload_weights()
   if trainer.chief:
     storage.written("config.json", cfg.model_dir, cfg.model_dir,
                     lambda: config_lib.write_config(
@@ -133,22 +146,43 @@ def train(cfg: TrainConfig, trainer: JaxTrainer,
                      lambda: jax_input.eval_batches(eval_fn, context), faults)
 
 
-def export_in_tensorflow(model_dir: str, export_dir: str) -> None:
-  """Exports the run's final checkpoint from a TensorFlow engine process
-  (Keras's engine is chosen once per process)."""
+def in_tensorflow(call: str, *args: str) -> int:
+  """Runs resnet_tpu's `call` (module.function) with `args` in a TensorFlow
+  engine process (Keras's engine is chosen once per process); returns its
+  exit code, its errors logged above."""
+  module = call.split(".")[0]
   code = ("import sys; from absl import logging; "
           "logging.set_verbosity(logging.INFO); "
-          "from resnet_tpu import export; "
-          "export.export_saved_model(sys.argv[1], sys.argv[2])")
+          f"from resnet_tpu import {module}; {call}(*sys.argv[1:])")
   env = {**os.environ, "KERAS_BACKEND": "tensorflow",
          "PYTHONPATH": os.pathsep.join(
              filter(None, [PACKAGE_ROOT, os.environ.get("PYTHONPATH")]))}
   env.pop("XLA_FLAGS", None)
-  done = subprocess.run([sys.executable, "-c", code, model_dir, export_dir],
-                        env=env, check=False)
-  if done.returncode:
+  return subprocess.run([sys.executable, "-c", code, *args], env=env,
+                        check=False).returncode
+
+
+def source_weights(init_checkpoint: str) -> list[np.ndarray]:
+  """The weights of --init_checkpoint's network, read in a TensorFlow
+  process (warm_start.write_weights)."""
+  with tempfile.TemporaryDirectory() as folder:
+    path = os.path.join(folder, "weights.npz")
+    code = in_tensorflow("warm_start.write_weights", init_checkpoint, path)
+    if code:
+      raise config_lib.ConfigError(
+          f"--init_checkpoint={init_checkpoint!r}: reading its network "
+          f"failed (its TensorFlow process exited {code}; its error is "
+          "above).")
+    with np.load(path) as saved:
+      return [saved[f"arr_{i}"] for i in range(len(saved.files))]
+
+
+def export_in_tensorflow(model_dir: str, export_dir: str) -> None:
+  """Exports the run's final checkpoint from a TensorFlow engine process."""
+  code = in_tensorflow("export.export_saved_model", model_dir, export_dir)
+  if code:
     raise config_lib.ConfigError(
         f"The export to {export_dir} failed (its TensorFlow process exited "
-        f"{done.returncode}; its error is above). The checkpoints are "
+        f"{code}; its error is above). The checkpoints are "
         f"intact: python -m tools.export_savedmodel --model_dir={model_dir} "
         f"--export_dir={export_dir} retries it.")

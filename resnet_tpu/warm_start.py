@@ -16,19 +16,26 @@ is folded into the moving variances, so that variance + epsilon, and the
 network's inference, stay the source's (as keras_weights.py does for Keras's
 epsilon). A network of another depth or layout is refused before start-up,
 naming both sides.
+
+On JAX (run_jax.py) the checkpoint is read by a TensorFlow engine process,
+which writes the source network's weights to a .npz (`write_weights`); the
+JAX run loads them into the same network built on JAX and copies it as
+above (`warm_start_from_weights`). Either engine's runs can seed either.
 """
 import dataclasses
 import os
-from typing import Callable
+from typing import Callable, Sequence
 
 from absl import logging
 import keras
+import numpy as np
 import tensorflow as tf
 
 from resnet_tpu import config as config_lib
 from resnet_tpu import export
 from resnet_tpu.config import ConfigError
 from resnet_tpu.config import TrainConfig
+from resnet_tpu.model.resnet import build_model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +111,7 @@ def copy_weights(source: keras.Model, target: keras.Model) -> list[str]:
           f"Layer {dst.name} has weights of shapes {shapes[1]} here, "
           f"{shapes[0]} in the checkpoint ({src.name}).")
     for s, d in zip(src.weights, dst.weights):
-      d.assign(tf.cast(s, d.dtype))
+      d.assign(keras.ops.cast(s, d.dtype))
     if isinstance(dst, keras.layers.BatchNormalization):
       fold_epsilon(src, dst)
   return kept
@@ -117,8 +124,8 @@ def fold_epsilon(source: keras.layers.BatchNormalization,
   the source's. ConfigError when the variance would not stay positive."""
   if source.epsilon == target.epsilon:
     return
-  variance = (target.moving_variance.numpy() + source.epsilon -
-              target.epsilon)
+  variance = (keras.ops.convert_to_numpy(target.moving_variance) +
+              source.epsilon - target.epsilon)
   if (variance <= 0).any():
     raise ConfigError(
         f"{target.name}: --bn_epsilon={target.epsilon} exceeds the "
@@ -143,6 +150,32 @@ def warm_start(cfg: TrainConfig, target: keras.Model,
     network = build(source_cfg.replace(precision="float32"))
     tf.train.Checkpoint(model=network).restore(
         source.checkpoint).expect_partial().assert_existing_objects_matched()
+  _copy_and_log(cfg, source, network, target)
+
+
+def write_weights(init_checkpoint: str, path: str) -> None:
+  """Writes the weights of --init_checkpoint's network (float32, in Keras's
+  weight order) to the .npz `path`: the TensorFlow side of a JAX run's
+  fine-tuning."""
+  source = find_source(init_checkpoint)
+  network = export.restore_inference_model(source.config, source.checkpoint)
+  np.savez(path, *network.get_weights())
+
+
+def warm_start_from_weights(cfg: TrainConfig, target: keras.Model,
+                            weights: Sequence[np.ndarray]) -> None:
+  """Sets `target`'s weights from `weights` (write_weights' of cfg's
+  --init_checkpoint) through the source's network, built on this engine."""
+  source = find_source(cfg.run.init_checkpoint)
+  source_cfg = export.config_from_record(source.config).replace(
+      precision="float32")
+  network = build_model(source_cfg.model, source_cfg.distribution)
+  network.set_weights(list(weights))
+  _copy_and_log(cfg, source, network, target)
+
+
+def _copy_and_log(cfg: TrainConfig, source: Source, network: keras.Model,
+                  target: keras.Model) -> None:
   fresh = copy_weights(network, target)
   logging.info("Fine-tuning from %s: network weights restored%s; optimizer, "
                "step and input start afresh.", source.checkpoint,

@@ -7,6 +7,7 @@ runs it, in processes of its own.
   (TOP1_TOLERANCE). Run again, it restores its last checkpoint and
   evaluates it to the same numbers; its SavedModel scores as its own
   evaluation did.
+- --init_checkpoint: a JAX run fine-tunes from either engine's demo run.
 - Faults as on TensorFlow (tests/test_reliability.py): SIGTERM saves and
   exits 42 and the next run resumes; a damaged latest checkpoint is set
   aside, named, and the one before it restored; bad flags get one line.
@@ -109,6 +110,24 @@ def test_tensorflow_refuses_to_resume_a_jax_run(demo_runs, demo_data):
   assert done.returncode == 1
   assert "--backend=jax there, tensorflow here" in done.stderr
   assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("source", ["tensorflow", "jax"])
+def test_a_jax_run_fine_tunes_from_either_engines_run(demo_runs, demo_data,
+                                                      tmp_path, source):
+  """Two steps at a tiny LR from the demo's weights keep its score (fresh
+  weights score about 0.1, chance)."""
+  source_dir, _ = demo_runs[source]
+  log = ok(main("--flagfile=flags/cpu_demo.cfg", f"--data_dir={demo_data}",
+                f"--model_dir={tmp_path}", f"--init_checkpoint={source_dir}",
+                "--train_steps=2", "--warmup_epochs=0",
+                "--base_learning_rate=1e-6"))
+  assert (f"Fine-tuning from {source_dir}/ckpt-100: network weights "
+          "restored; optimizer, step and input start afresh") in log
+  tuned = records(str(tmp_path), "eval")[-1]
+  assert tuned["step"] == 2
+  assert tuned["top1"] >= records(source_dir, "eval")[-1]["top1"] - (
+      TOP1_TOLERANCE), tuned
 
 
 def test_sigterm_saves_exits_42_and_the_next_run_resumes(tmp_path):

@@ -70,9 +70,7 @@ class JaxTrainer:
         LossConfig(cfg.model.num_classes, cfg.run.global_batch_size,
                    optim.label_smoothing, weight_decay),
         skip_nonfinite=optim.skip_nonfinite_steps)
-    # Every process starts from process 0's initial weights.
-    self.state = self.step_fn.replicate(jax_processes.from_chief(
-        jax.device_get(self.step_fn.state())))
+    self.reload_weights()
     self.step = 0
     self.input_batches = 0  # global batches read from the training input
     self._faults = None
@@ -86,6 +84,13 @@ class JaxTrainer:
                                  jax.profiler.stop_trace)
     self._loop_callback = loop_callback
     self._start_time = time.time()
+
+  def reload_weights(self) -> None:
+    """Starts the state from the Keras variables' values (fresh, or set by
+    warm_start.py), process 0's on every process, as MultiWorkerMirrored-
+    Strategy starts every worker from the chief's initial weights."""
+    self.state = self.step_fn.replicate(jax_processes.from_chief(
+        jax.device_get(self.step_fn.state())))
 
   def restore(self) -> int:
     """Restores the newest intact checkpoint of model_dir; returns the
