@@ -5,7 +5,11 @@ CPU devices, fed numpy batches as jax_input.py feeds it:
   as if that batch had never been in the data, bit for bit, as
   tests/test_reliability.py shows on TensorFlow;
 - --profile_steps: the profiler records the host loops of the range, and
-  writes the TensorBoard profile where the TensorFlow path writes it.
+  writes the TensorBoard profile where the TensorFlow path writes it;
+- batch-size control (Mikami et al. 2018): a step of two stacked
+  micro-batches applies the mean of the two batches' gradients (each the
+  one-batch step's, L2 included) and leaves the BN moving statistics where
+  the two batches' forward passes in turn leave them.
 """
 import glob
 import os
@@ -15,7 +19,10 @@ import keras
 import numpy as np
 
 from resnet_tpu.config import TrainConfig
+from resnet_tpu.optim.optimizers import build_optimizer
+from resnet_tpu.model.resnet import build_model
 from resnet_tpu.parallel.bn_all_reduce_jax import build_mesh
+from resnet_tpu.train import jax_step
 from resnet_tpu.train.jax_trainer import JaxTrainer
 from resnet_tpu.train.metrics_log import read_metrics
 
@@ -81,3 +88,44 @@ def test_profile_steps_records_the_loops_of_the_range(tmp_path):
   traces = glob.glob(os.path.join(tmp_path, "plugins", "profile", "*",
                                   "*.xplane.pb"))
   assert len(traces) == 1 and os.path.getsize(traces[0]) > 0, traces
+
+
+def _close(got, want, rtol: float = 1e-5) -> None:
+  for g, w in zip(jax.tree.leaves(jax.device_get(got)),
+                  jax.tree.leaves(jax.device_get(want))):
+    g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
+    assert np.linalg.norm(g - w) <= rtol * max(np.linalg.norm(w), 1e-12), (
+        np.linalg.norm(g - w), np.linalg.norm(w))
+
+
+def test_a_step_of_two_micro_batches_applies_their_mean_gradient():
+  cfg = TrainConfig(model_dir="").replace(
+      resnet_depth=18, image_size=IMAGE, num_classes=CLASSES,
+      bn_group_size=2, zero_init_gamma=False, weight_decay=1e-4)
+  keras.utils.set_random_seed(0)
+  model = build_model(cfg.model, cfg.distribution)
+  optimizer = build_optimizer("momentum", 0.1)
+  step = jax_step.JaxTrainStep(
+      model, optimizer, build_mesh(2, jax.devices()[:4]),
+      jax_step.LossConfig(CLASSES, BATCH, 0.1, cfg.optim.weight_decay))
+  start = jax.device_get(step.state())
+  images, labels = _batches(2)
+
+  got, sums = step.accumulated_step(step.replicate(start),
+                                    *step.shard_micro_batches(images, labels))
+  first_grads, first_stats, first_sums = step.gradients(
+      step.replicate(start), *step.shard_batch(images[0], labels[0]))
+  after_first = step.replicate(start._replace(non_trainable=first_stats))
+  second_grads, stats, second_sums = step.gradients(
+      after_first, *step.shard_batch(images[1], labels[1]))
+  mean = jax.tree.map(lambda a, b: (a + b) / 2, first_grads, second_grads)
+  trainable, optimizer_values = optimizer.stateless_apply(
+      step.replicate(start).optimizer, mean, step.replicate(start).trainable)
+
+  _close(got.trainable, trainable)
+  _close(got.optimizer, optimizer_values)
+  _close(got.non_trainable, stats)
+  assert float(sums["examples"]) == 2 * BATCH
+  np.testing.assert_allclose(float(sums["loss"]),
+                             float(first_sums[0] + second_sums[0]),
+                             rtol=1e-5)

@@ -8,6 +8,8 @@ runs it, in processes of its own.
   evaluates it to the same numbers; its SavedModel scores as its own
   evaluation did.
 - --init_checkpoint: a JAX run fine-tunes from either engine's demo run.
+- --batch_size_schedule: steps of several micro-batches, resumed at the
+  right input position.
 - Faults as on TensorFlow (tests/test_reliability.py): SIGTERM saves and
   exits 42 and the next run resumes; a damaged latest checkpoint is set
   aside, named, and the one before it restored; bad flags get one line.
@@ -130,6 +132,21 @@ def test_a_jax_run_fine_tunes_from_either_engines_run(demo_runs, demo_data,
       TOP1_TOLERANCE), tuned
 
 
+def test_batch_size_control_steps_over_micro_batches_and_resumes(tmp_path):
+  """Mikami et al.'s batch-size control on epochs of 32 images: 4 steps at
+  the global batch of 8, then 2 of 16 (two micro-batches each): 8 batches
+  read."""
+  flags = (*TINY, "--num_train_images=32", "--batch_size_schedule=0:8,1:16",
+           "--train_epochs=2", "--steps_per_loop=2",
+           f"--model_dir={tmp_path}")
+  ok(main(*flags))
+  assert [(r["step"], r["examples"]) for r in records(
+      str(tmp_path), "train")] == [(2, 16), (4, 16), (6, 32)]
+  log = ok(main(*flags))
+  assert (f"Restored {tmp_path}/ckpt-6 at step 6 (input at global batch 8)"
+          in log), log[-3000:]
+
+
 def test_sigterm_saves_exits_42_and_the_next_run_resumes(tmp_path):
   flags = (*TINY, "--train_steps=400", "--steps_per_loop=2",
            f"--model_dir={tmp_path}")
@@ -189,8 +206,6 @@ def test_a_nan_loss_stops_a_jax_run_without_saving(tmp_path):
      "--backend=jax"),
     ("--bn_stats=recompute", "--bn_stats=recompute is not supported with "
      "--backend=jax"),
-    ("--batch_size_schedule=0:16", "--batch_size_schedule=0:16 is not "
-     "supported with --backend=jax"),
     ("--num_cpu_replicas=3", "--global_batch_size=8 must be divisible by "
      "the number of replicas (3)"),
     ("--strategy=tpu", "--strategy=tpu: JAX found no TPU, only cpu "

@@ -25,8 +25,15 @@ an eval batch's metrics over the replicas, its padding masked out.
 With --skip_nonfinite_steps such a step leaves no trace instead: the
 weights, the optimizer's variables (its step count among them) and the BN
 moving statistics keep their values, as train_step.ReplicaStep's
-_apply_if_finite. float16 (dynamic loss scaling) and batch-size control are
-TensorFlow's alone so far (config.JAX_UNSUPPORTED).
+_apply_if_finite. float16 (dynamic loss scaling) is TensorFlow's alone so
+far (config.JAX_UNSUPPORTED).
+
+Batch-size control (Mikami et al. 2018; `accumulated_step`): a larger
+global batch is k micro-batches of the fixed one, stacked [k, b, ...]. Each
+replica sums its gradients over them in one lax.scan (its loss scaled by k
+global batches, and the L2 term by k), carrying the BN moving statistics
+through them in order, as train_step.ReplicaStep.accumulate; then the same
+one all-reduce and one update. BN statistics stay per micro-batch.
 """
 import dataclasses
 import functools
@@ -137,6 +144,12 @@ class JaxTrainStep:
         jax.shard_map, mesh=mesh, in_specs=(replicated, batch, batch),
         out_specs=replicated, check_vma=False)
     self.step = jax.jit(per_replica(self._replica_step), donate_argnums=0)
+    # k micro-batches stacked on a leading axis (batch-size control).
+    stacked = PartitionSpec(None, REPLICA_AXES)
+    self.stacked_sharding = NamedSharding(mesh, stacked)
+    self.accumulated_step = jax.jit(jax.shard_map(
+        self._replica_step, mesh=mesh, in_specs=(replicated, stacked, stacked),
+        out_specs=replicated, check_vma=False), donate_argnums=0)
     # The summed gradients alone, without the update (tests, debugging).
     self.gradients = jax.jit(per_replica(self._replica_gradients))
     self.evaluate = jax.jit(jax.shard_map(
@@ -163,6 +176,12 @@ class JaxTrainStep:
     return tuple(jax.make_array_from_process_local_data(
         self.batch_sharding, np.asarray(a)) for a in arrays)
 
+  def shard_micro_batches(self, *arrays):
+    """As shard_batch, for arrays of k stacked micro-batches [k, b, ...]
+    (accumulated_step)."""
+    return tuple(jax.make_array_from_process_local_data(
+        self.stacked_sharding, np.asarray(a)) for a in arrays)
+
   def write_back(self, state: TrainState) -> None:
     """Sets the Keras variables to `state` (to save or evaluate)."""
     for variables, values in (
@@ -172,16 +191,19 @@ class JaxTrainStep:
       for variable, value in zip(variables, values):
         variable.assign(value)
 
-  def _replica_loss(self, trainable, non_trainable, images, labels):
+  def _replica_loss(self, trainable, non_trainable, images, labels,
+                    micro_batches: int = 1):
     logits, non_trainable = self.model.stateless_call(
         trainable, non_trainable, images, training=True)
     per_example, top1, top5, weight = losses_and_hits(
         logits, labels, self.loss.num_classes, self.loss.label_smoothing)
-    # Scaled by the GLOBAL batch: the gradients are summed over replicas.
-    loss = ops.sum(per_example) / self.loss.global_batch_size
+    # Scaled by the GLOBAL batch (of all micro-batches): the gradients are
+    # summed over replicas (and micro-batches).
+    loss = ops.sum(per_example) / (self.loss.global_batch_size *
+                                   micro_batches)
     if self.decayed:
       l2 = sum(ops.sum(ops.square(trainable[i])) / 2 for i in self.decayed)
-      loss += self.loss.weight_decay * l2 / replica_count()
+      loss += self.loss.weight_decay * l2 / (replica_count() * micro_batches)
     sums = ops.stack([ops.sum(per_example), ops.sum(top1), ops.sum(top5),
                       ops.sum(weight)])
     return loss, (non_trainable, sums)
@@ -189,14 +211,37 @@ class JaxTrainStep:
   def _replica_gradients(self, state: TrainState, images, labels):
     """The gradients summed over all replicas, the non-trainable variables
     with the moving statistics averaged, and the metric sums."""
-    grad_fn = jax.grad(self._replica_loss, has_aux=True)
-    grads, (non_trainable, sums) = grad_fn(
-        state.trainable, state.non_trainable, images, labels)
+    grads, non_trainable, sums = self._local_gradients(state, images,
+                                                       labels)
     local = [non_trainable[i] / replica_count() for i in self.replica_local]
     # One all-reduce: gradients, moving statistics and metric sums.
     grads, local, sums = jax.lax.psum((grads, local, sums), REPLICA_AXES)
     for i, value in zip(self.replica_local, local):
       non_trainable[i] = value
+    return grads, non_trainable, sums
+
+  def _local_gradients(self, state: TrainState, images, labels):
+    """This replica's gradients, non-trainable variables and metric sums,
+    before the all-reduce; for k stacked micro-batches, their sums, the
+    non-trainable variables carried through them in order."""
+    grad_fn = jax.grad(self._replica_loss, has_aux=True)
+    if images.ndim == 4:  # one batch [b, S, S, 3]
+      grads, (non_trainable, sums) = grad_fn(
+          state.trainable, state.non_trainable, images, labels)
+      return grads, non_trainable, sums
+    micro_batches = images.shape[0]
+
+    def one(carry, batch):
+      grads, non_trainable, sums = carry
+      more, (non_trainable, more_sums) = grad_fn(
+          state.trainable, non_trainable, *batch, micro_batches)
+      return (jax.tree.map(ops.add, grads, more), non_trainable,
+              sums + more_sums), None
+
+    start = (jax.tree.map(ops.zeros_like, state.trainable),
+             state.non_trainable, ops.zeros([len(METRICS)], "float32"))
+    (grads, non_trainable, sums), _ = jax.lax.scan(one, start,
+                                                   (images, labels))
     return grads, non_trainable, sums
 
   def _replica_step(self, state: TrainState, images, labels):

@@ -195,13 +195,15 @@ class JaxTrainer:
     self.save_timer.restart()
     seconds_per_step = None  # the pace of the last loop (--max_loop_seconds)
     while step < total:
+      micro_batches = (run.clock.global_batch_at_step(step) //
+                       run.global_batch_size)
       n = plan.loop_steps(step, run.steps_per_loop,
                           self.profiler.loop_limit(step),
                           cadence.timed_loop_limit(run.max_loop_seconds,
                                                    seconds_per_step))
       self.profiler.before_loop(step, n)
       t0 = time.time()
-      result = self._host_loop(batches, n)
+      result = self._host_loop(batches, n, micro_batches)
       seconds = time.time() - t0
       seconds_per_step = seconds / n
       self.profiler.after_loop(step + n)
@@ -209,7 +211,8 @@ class JaxTrainer:
                                self.cfg.optim.skip_nonfinite_steps,
                                self.checkpoints.latest)
       step = self.step
-      last = self._log_train(result, n, seconds, start_step, total)
+      last = self._log_train(result, n * micro_batches, seconds, start_step,
+                             total)
       sigterm_any, timer_due = jax_processes.gather(
           [sigterm.received, self.save_timer.due_here()]).any(axis=0)
       preempted = bool(sigterm_any) and step < total
@@ -223,19 +226,28 @@ class JaxTrainer:
         raise preemption.Preempted.saved(step, total, path)
     return last
 
-  def _host_loop(self, batches: Batches, num_steps: int) -> LoopResult:
-    """`num_steps` steps, dispatched without waiting; reads their sums
-    once, at the end. A NaN/Inf step adds nothing to the sums."""
+  def _host_loop(self, batches: Batches, num_steps: int,
+                 micro_batches: int = 1) -> LoopResult:
+    """`num_steps` steps of `micro_batches` batches each (batch-size
+    control), dispatched without waiting; reads their sums once, at the
+    end. A NaN/Inf step adds nothing to the sums."""
     per_step, faults = [], 0
     for _ in range(num_steps):
-      images, labels, batch_faults = next(batches)
-      self.state, metrics = self.step_fn.step(
-          self.state, *self.step_fn.shard_batch(images, labels))
+      if micro_batches == 1:
+        images, labels, batch_faults = next(batches)
+        self.state, metrics = self.step_fn.step(
+            self.state, *self.step_fn.shard_batch(images, labels))
+      else:
+        images, labels, batch_faults = (np.stack(parts) for parts in zip(
+            *(next(batches) for _ in range(micro_batches))))
+        self.state, metrics = self.step_fn.accumulated_step(
+            self.state, *self.step_fn.shard_micro_batches(images, labels))
+        batch_faults = batch_faults.sum(axis=0)
       per_step.append(metrics)
       faults = faults + batch_faults
     per_step = jax.device_get(per_step)  # blocks until the loop is done
     self.step = int(jax.device_get(self._iterations()))  # skips not counted
-    self.input_batches += num_steps
+    self.input_batches += num_steps * micro_batches
     nonfinite = [i for i, m in enumerate(per_step) if m["nonfinite"]]
     kept = [m for m in per_step if not m["nonfinite"]]
     sums = {k: float(sum(m[k] for m in kept))
@@ -254,13 +266,14 @@ class JaxTrainer:
         first_nonfinite=nonfinite[0] if nonfinite else -1,
         by_source=tuple(count(v) for v in faults[2:]))
 
-  def _log_train(self, result: LoopResult, num_steps: int, seconds: float,
-                 start_step: int, total: int) -> dict:
+  def _log_train(self, result: LoopResult, num_batches: int,
+                 seconds: float, start_step: int, total: int) -> dict:
     elapsed = time.time() - self._start_time
     self.optimizer.iterations.assign(self.step)
     record = loop_report.train_record(
         result, self.step, total,
-        images_per_sec=num_steps * self.cfg.run.global_batch_size / seconds,
+        images_per_sec=(num_batches * self.cfg.run.global_batch_size /
+                        seconds),
         elapsed_s=elapsed,
         eta_s=loop_report.eta_seconds(elapsed, self.step - start_step,
                                       total - self.step),
