@@ -511,8 +511,6 @@ def validate(cfg: TrainConfig, num_replicas: int | None = None) -> None:
 JAX_UNSUPPORTED = (
     ("precision", lambda v: v == "float16", "float16's dynamic loss "
      "scaling is TensorFlow's; use bfloat16 or float32"),
-    ("bn_stats", lambda v: v == "recompute", "BN statistics "
-     "recomputation is TensorFlow's; use moving_average"),
     ("gradient_all_reduce", lambda v: v != "auto", "JAX sums gradients "
      "with one psum (XLA's all-reduce); use auto"),
     ("bn_all_reduce", lambda v: v != "auto", "JAX sums BN statistics with "

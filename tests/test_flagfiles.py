@@ -309,8 +309,7 @@ def test_the_fine_tune_flagfile_warms_up_and_decays_within_the_run(images):
 
 # What the JAX engine trains of the shipped flagfiles (README "Running on
 # JAX"), and the flag it names for the rest (config.JAX_UNSUPPORTED).
-JAX_REFUSES = {"akiba2017_32k.cfg": "--bn_stats=recompute",
-               "mikami2018_abci_2176gpu.cfg": "--gradient_all_reduce=2d"}
+JAX_REFUSES = {"mikami2018_abci_2176gpu.cfg": "--gradient_all_reduce=2d"}
 
 
 @pytest.mark.parametrize("path", FLAGFILES, ids=os.path.basename)

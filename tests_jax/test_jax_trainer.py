@@ -9,7 +9,10 @@ CPU devices, fed numpy batches as jax_input.py feeds it:
 - batch-size control (Mikami et al. 2018): a step of two stacked
   micro-batches applies the mean of the two batches' gradients (each the
   one-batch step's, L2 included) and leaves the BN moving statistics where
-  the two batches' forward passes in turn leave them.
+  the two batches' forward passes in turn leave them;
+- --bn_stats=recompute (Akiba et al. 2017): the recomputed statistics of
+  the first BN layer are the mean and variance of its input over every
+  image of the batches.
 """
 import glob
 import os
@@ -129,3 +132,26 @@ def test_a_step_of_two_micro_batches_applies_their_mean_gradient():
   np.testing.assert_allclose(float(sums["loss"]),
                              float(first_sums[0] + second_sums[0]),
                              rtol=1e-5)
+
+
+def test_recomputed_bn_statistics_are_those_of_the_batches():
+  cfg = TrainConfig(model_dir="").replace(
+      resnet_depth=18, image_size=IMAGE, num_classes=CLASSES,
+      bn_group_size=2, precision="float32")
+  keras.utils.set_random_seed(0)
+  model = build_model(cfg.model, cfg.distribution)
+  step = jax_step.JaxTrainStep(model, build_optimizer("momentum", 0.1),
+                               build_mesh(2, jax.devices()[:4]),
+                               jax_step.LossConfig(CLASSES, BATCH))
+  images, _ = _batches(3)
+  step.write_back(step.recompute_statistics(step.state(), iter(images)))
+
+  stem = keras.Model(model.input, model.get_layer("stem_conv").output)
+  inputs = np.concatenate([np.asarray(stem(x), np.float64) for x in images])
+  bn = model.get_layer("stem_bn")
+  np.testing.assert_allclose(np.asarray(bn.moving_mean),
+                             inputs.mean(axis=(0, 1, 2)), rtol=1e-4,
+                             atol=1e-4)
+  np.testing.assert_allclose(np.asarray(bn.moving_variance),
+                             inputs.var(axis=(0, 1, 2)), rtol=1e-3,
+                             atol=1e-4)

@@ -9,7 +9,8 @@ runs it, in processes of its own.
   evaluation did.
 - --init_checkpoint: a JAX run fine-tunes from either engine's demo run.
 - --batch_size_schedule: steps of several micro-batches, resumed at the
-  right input position.
+  right input position; --bn_stats=recompute reads its batches before each
+  checkpoint, counted in the input position.
 - Faults as on TensorFlow (tests/test_reliability.py): SIGTERM saves and
   exits 42 and the next run resumes; a damaged latest checkpoint is set
   aside, named, and the one before it restored; bad flags get one line.
@@ -147,6 +148,22 @@ def test_batch_size_control_steps_over_micro_batches_and_resumes(tmp_path):
           in log), log[-3000:]
 
 
+def test_recomputed_bn_statistics_read_training_batches_before_each_save(
+    tmp_path):
+  """Akiba et al.'s --bn_stats=recompute: 2 batches before each of the 2
+  checkpoints, counted in the input position (4 steps + 4)."""
+  flags = (*TINY, "--bn_stats=recompute", "--bn_recompute_batches=2",
+           "--train_steps=4", "--steps_per_loop=2",
+           "--checkpoint_every_steps=2", f"--model_dir={tmp_path}")
+  log = ok(main(*flags))
+  for step in (2, 4):
+    assert (f"BN statistics recomputed from 2 training batches at step "
+            f"{step}") in log
+  log = ok(main(*flags))
+  assert (f"Restored {tmp_path}/ckpt-4 at step 4 (input at global batch 8)"
+          in log), log[-3000:]
+
+
 def test_sigterm_saves_exits_42_and_the_next_run_resumes(tmp_path):
   flags = (*TINY, "--train_steps=400", "--steps_per_loop=2",
            f"--model_dir={tmp_path}")
@@ -204,8 +221,8 @@ def test_a_nan_loss_stops_a_jax_run_without_saving(tmp_path):
 @pytest.mark.parametrize("flag,message", [
     ("--precision=float16", "--precision=float16 is not supported with "
      "--backend=jax"),
-    ("--bn_stats=recompute", "--bn_stats=recompute is not supported with "
-     "--backend=jax"),
+    ("--gradient_all_reduce=ring", "--gradient_all_reduce=ring is not "
+     "supported with --backend=jax"),
     ("--num_cpu_replicas=3", "--global_batch_size=8 must be divisible by "
      "the number of replicas (3)"),
     ("--strategy=tpu", "--strategy=tpu: JAX found no TPU, only cpu "

@@ -34,6 +34,12 @@ replica sums its gradients over them in one lax.scan (its loss scaled by k
 global batches, and the L2 term by k), carrying the BN moving statistics
 through them in order, as train_step.ReplicaStep.accumulate; then the same
 one all-reduce and one update. BN statistics stay per micro-batch.
+
+--bn_stats=recompute (Akiba et al. 2017; `recompute_statistics`): batches
+run forward in training mode with every BN layer adding its local [sum, sum
+of squares, count] to a sink (distributed_batch_norm.collect_statistics, as
+model/bn_recompute.py on TensorFlow), summed over all replicas and batches;
+the moving mean and variance become those exact statistics.
 """
 import dataclasses
 import functools
@@ -46,6 +52,10 @@ import keras
 from keras import ops
 import numpy as np
 
+from resnet_tpu.model.batch_statistics import moments_from_sums
+from resnet_tpu.model.distributed_batch_norm import collect_statistics
+from resnet_tpu.model.distributed_batch_norm import (
+    DistributedBatchNormalization)
 from resnet_tpu.parallel.bn_all_reduce_jax import REPLICA_AXES
 
 METRICS = ("loss", "top1", "top5", "examples")
@@ -152,6 +162,16 @@ class JaxTrainStep:
         out_specs=replicated, check_vma=False), donate_argnums=0)
     # The summed gradients alone, without the update (tests, debugging).
     self.gradients = jax.jit(per_replica(self._replica_gradients))
+    self.bn_layers = [layer for layer in model.layers if isinstance(
+        layer, DistributedBatchNormalization)]
+    # Each BN layer's statistics sink (plain variables, not the model's).
+    self._sinks = [keras.Variable(np.zeros(2 * layer.moving_mean.shape[0]
+                                           + 1, np.float32),
+                                  trainable=False, name=f"{layer.name}_sums")
+                   for layer in self.bn_layers]
+    self.statistics = jax.jit(jax.shard_map(
+        self._replica_statistics, mesh=mesh, in_specs=(replicated, batch),
+        out_specs=replicated, check_vma=False))
     self.evaluate = jax.jit(jax.shard_map(
         self._replica_eval, mesh=mesh,
         in_specs=(replicated, batch, batch, batch), out_specs=replicated))
@@ -258,6 +278,37 @@ class JaxTrainStep:
       new = jax.tree.map(lambda n, old: ops.where(finite, n, old), new,
                          state)
     return new, metrics
+
+  def recompute_statistics(self, state: TrainState, batches) -> TrainState:
+    """`state` with every BN layer's moving mean and variance set to the
+    exact statistics of `batches` (this process's images of each global
+    batch) under its weights, in training mode (Akiba et al. 2017)."""
+    total = None
+    for images in batches:
+      sums = self.statistics(state, *self.shard_batch(images))
+      total = sums if total is None else jax.tree.map(ops.add, total, sums)
+    paths = [v.path for v in self.model.non_trainable_variables]
+    non_trainable = list(state.non_trainable)
+    for layer, sums in zip(self.bn_layers, total):
+      mean, variance = moments_from_sums(sums)
+      for variable, value in ((layer.moving_mean, mean),
+                              (layer.moving_variance, variance)):
+        non_trainable[paths.index(variable.path)] = ops.cast(
+            value, variable.dtype)
+    return state._replace(non_trainable=non_trainable)
+
+  def _replica_statistics(self, state: TrainState, images):
+    """Every BN layer's [sum, sum of squares, count] of `images` in
+    training mode, summed over all replicas."""
+    mapping = (list(zip(self.model.trainable_variables, state.trainable)) +
+               list(zip(self.model.non_trainable_variables,
+                        state.non_trainable)) +
+               [(sink, ops.zeros_like(sink.value)) for sink in self._sinks])
+    with collect_statistics(self.bn_layers, self._sinks):
+      with keras.StatelessScope(state_mapping=mapping) as scope:
+        self.model(images, training=True)
+      sums = [scope.get_current_value(sink) for sink in self._sinks]
+    return jax.lax.psum(sums, REPLICA_AXES)
 
   def _replica_eval(self, state: TrainState, images, labels, mask):
     logits, _ = self.model.stateless_call(

@@ -189,7 +189,10 @@ class JaxTrainer:
     step = start_step = self.step
     if step >= total and evaluate is not None:
       logging.info("The run is finished at step %d: evaluating its final "
-                   "weights.", step)
+                   "weights%s.", step, " with recomputed BN statistics"
+                   if self._recomputes_bn else "")
+      if self._recomputes_bn:
+        self._recompute_bn(batches)
       return evaluate()
     last = {}
     self.save_timer.restart()
@@ -217,7 +220,11 @@ class JaxTrainer:
           [sigterm.received, self.save_timer.due_here()]).any(axis=0)
       preempted = bool(sigterm_any) and step < total
       do_eval = evaluate is not None and plan.eval_due(step)
-      if plan.save_due(step) or timer_due or preempted:
+      do_save = plan.save_due(step) or timer_due
+      if self._recomputes_bn and (do_save or do_eval):
+        self._recompute_bn(batches)
+        self.input_batches += self.cfg.model.bn_recompute_batches
+      if do_save or preempted:
         path = self.save()
         self.save_timer.restart()
       if do_eval:
@@ -225,6 +232,19 @@ class JaxTrainer:
       if preempted:
         raise preemption.Preempted.saved(step, total, path)
     return last
+
+  @property
+  def _recomputes_bn(self) -> bool:
+    return self.cfg.model.bn_stats == "recompute"
+
+  def _recompute_bn(self, batches: Batches) -> None:
+    """--bn_stats=recompute: the BN statistics of the next
+    --bn_recompute_batches training batches (Akiba et al. 2017)."""
+    count = self.cfg.model.bn_recompute_batches
+    self.state = self.step_fn.recompute_statistics(
+        self.state, (next(batches)[0] for _ in range(count)))
+    logging.info("BN statistics recomputed from %d training batches at "
+                 "step %d.", count, self.step)
 
   def _host_loop(self, batches: Batches, num_steps: int,
                  micro_batches: int = 1) -> LoopResult:
