@@ -164,7 +164,7 @@ class JaxTrainer:
 
     Raises preemption.Preempted after checkpointing on SIGTERM, and
     loop_report.NonFiniteLossError, without saving, on a NaN/Inf loss or
-    gradient.
+    gradient (unless --skip_nonfinite_steps).
     """
     self._start_time = time.time()
     self._faults = faults
