@@ -63,9 +63,10 @@ FREE_ON_RESUME = frozenset({
     "bn_all_reduce", "gradient_all_reduce", "all_reduce_grid",
     "tpu_device_assignment", "tpu_runtime", "log_topology",
     "keep_host_memory", "collective_timeout_s", "cpu_onednn",
-    "coordinator_address", "num_processes", "process_id", "eval_batch_size", "num_eval_images", "steps_per_loop",
-    "eval_every_steps", "checkpoint_every_steps", "checkpoint_every_minutes",
-    "max_loop_seconds", "keep_checkpoints", "export_dir", "skip_nonfinite_steps",
+    "coordinator_address", "num_processes", "process_id", "eval_batch_size",
+    "num_eval_images", "steps_per_loop", "eval_every_steps",
+    "checkpoint_every_steps", "checkpoint_every_minutes", "max_loop_seconds",
+    "keep_checkpoints", "export_dir", "skip_nonfinite_steps",
     "allow_config_change", "profile_steps", "init_checkpoint"})
 
 
@@ -506,8 +507,8 @@ def validate(cfg: TrainConfig, num_replicas: int | None = None) -> None:
 
 
 # What the JAX engine does not have yet (issue 49): flag, whether a value
-# is refused, and why; the first refused is named, one host first. README
-# "Running on JAX" lists the same.
+# is refused, and why; the first refused is named. README "Running on JAX"
+# lists the same.
 JAX_UNSUPPORTED = (
     ("precision", lambda v: v == "float16", "float16's dynamic loss "
      "scaling is TensorFlow's; use bfloat16 or float32"),

@@ -35,11 +35,13 @@ def main(out_dir: str, num_processes: int, process_id: int, port: int,
   jax.distributed.initialize(f"127.0.0.1:{port}", num_processes, process_id,
                              cluster_detection_method="deactivate",
                              initialization_timeout=120)
-  import keras  # pylint: disable=g-import-not-at-top
-  import engine_cases as cases  # pylint: disable=g-import-not-at-top
-  from resnet_tpu.optim.optimizers import build_optimizer  # pylint: disable=g-import-not-at-top
-  from resnet_tpu.parallel.bn_all_reduce_jax import build_mesh  # pylint: disable=g-import-not-at-top
-  from resnet_tpu.train import jax_step  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  import keras
+  import engine_cases as cases
+  from resnet_tpu.optim.optimizers import build_optimizer
+  from resnet_tpu.parallel.bn_all_reduce_jax import build_mesh
+  from resnet_tpu.train import jax_step
+  # pylint: enable=g-import-not-at-top
   for group in groups:
     keras.utils.set_random_seed(0)
     cfg = cases.step_config("float32", group)
