@@ -31,6 +31,7 @@ def _python(code: str, *args: str, **env: str) -> str:
 JAX_ENGINE = ("resnet_tpu.model.batch_norm_jax",
               "resnet_tpu.optim.optimizers_jax",
               "resnet_tpu.parallel.bn_all_reduce_jax",
+              "resnet_tpu.parallel.jax_processes",
               "resnet_tpu.train.jax_step", "resnet_tpu.train.jax_trainer",
               "resnet_tpu.train.jax_input",
               "resnet_tpu.train.checkpoints_jax", "resnet_tpu.run_jax")
