@@ -65,11 +65,6 @@ def gather(values: Sequence[int]) -> np.ndarray:
       jax.process_count(), -1)
 
 
-def any_process(flag: bool) -> bool:
-  """Whether `flag` is set on any process (a collective)."""
-  return bool(gather([int(flag)]).any())
-
-
 def check_agree(values: Sequence[int], what: Sequence[str]) -> None:
   """Raises ConfigError naming each process's `values` (named by `what`)
   unless all processes hold the same (a collective)."""
