@@ -75,9 +75,7 @@ def main(argv: list[str], model_fn=None) -> None:
 
 
 def main_jax() -> None:
-  """Trains the flags' TrainConfig on the JAX engine (run_jax.py); main
-  turns the ConfigError of a missing TensorFlow into one line."""
-  process_setup.require_tensorflow_for_jax()
+  """Trains the flags' TrainConfig on the JAX engine (run_jax.py)."""
   devices = process_setup.jax_platform(FLAGS.strategy, FLAGS.num_cpu_replicas)
   logging.info("JAX devices: %s (--strategy=%s)", devices, FLAGS.strategy)
   # pylint: disable-next=g-import-not-at-top  (after the engine's settings)

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import os
 
+from resnet_tpu import files
 from resnet_tpu.clock import EpochClock
 from resnet_tpu.clock import parse_batch_size_schedule
 
@@ -25,6 +26,9 @@ INPUT_NORMALIZATIONS = ("imagenet", "unit", "caffe")
 PRECISIONS = ("float32", "bfloat16", "float16")
 BFLOAT16_CONV_KERNELS = ("auto", "native", "float32")
 STRATEGIES = ("auto", "tpu", "gpu", "cpu", "multi_worker")
+# ImageNet's training images: an epoch of --use_synthetic_data, and of
+# data in tensorflow/tpu imagenet_to_gcs.py's 1024-file layout.
+IMAGENET_TRAIN_IMAGES = 1281167
 # Keras's engine: auto is $KERAS_BACKEND, else tensorflow (main.py).
 BACKENDS = ("auto", "tensorflow", "jax")
 TPU_DEVICE_ASSIGNMENTS = ("default", "ring")
@@ -440,7 +444,7 @@ def validate(cfg: TrainConfig, num_replicas: int | None = None) -> None:
 
   `num_replicas` is checked when known (it is, for CPU replicas, before the
   strategy starts); TPU/GPU replica counts are checked again after start-up.
-  The data's files are the pre-flight's (preflight.find_data_files).
+  The data's files are the pre-flight's (data_checks.find_data_files).
   """
   run, dist, optim = cfg.run, cfg.distribution, cfg.optim
   _check(bool(cfg.model_dir), "--model_dir is required.")
@@ -502,6 +506,8 @@ def validate(cfg: TrainConfig, num_replicas: int | None = None) -> None:
   _check_processes(dist)
   if dist.backend == "jax":
     _check_jax_flags(cfg)
+    if not files.tensorflow_installed():
+      _check_without_tensorflow(cfg)
   if num_replicas is not None:
     validate_replicas(cfg, num_replicas)
 
@@ -556,6 +562,28 @@ def _check_jax_flags(cfg: TrainConfig) -> None:
            "for it.")
 
 
+def _check_without_tensorflow(cfg: TrainConfig) -> None:
+  """A JAX run where TensorFlow is not installed trains on the synthetic
+  input and writes a local model_dir (files.py); the TFRecords, the
+  SavedModel and a fine-tuning source are TensorFlow's formats."""
+  install = ("TensorFlow, which is not installed here: pip install -r "
+             "requirements-jax.txt beside JAX")
+  _check(cfg.input.use_synthetic_data,
+         f"--data_dir={cfg.input.data_dir!r}: reading TFRecords needs "
+         f"{install}, or train on --use_synthetic_data.")
+  _check(not cfg.run.export_dir,
+         f"--export_dir={cfg.run.export_dir!r}: the SavedModel is written "
+         f"by {install}, or leave --export_dir unset and export the "
+         "checkpoints later where TensorFlow is (tools/export_savedmodel.py).")
+  _check(not cfg.run.init_checkpoint,
+         f"--init_checkpoint={cfg.run.init_checkpoint!r}: it is read by "
+         f"{install}.")
+  _check(not files.is_remote(cfg.model_dir),
+         f"--model_dir={cfg.model_dir!r}: without TensorFlow's file "
+         "systems a JAX run writes local paths only; use a local folder, or "
+         "install TensorFlow beside JAX (pip install -r requirements-jax.txt).")
+
+
 def validate_replicas(cfg: TrainConfig, num_replicas: int) -> None:
   """Checks the batch and BN-group sizes against the replica count."""
   run, dist = cfg.run, cfg.distribution
@@ -589,31 +617,29 @@ def write_config(cfg: TrainConfig, labels_file: str = "",
   `changes`, flag -> [value before, value now]: they are appended to the
   record's `config_changes`, which keeps every earlier change.
   """
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   path = os.path.join(cfg.model_dir, CONFIG_FILE)
   history = []
-  if tf.io.gfile.exists(path):
-    with tf.io.gfile.GFile(path) as f:
+  if files.exists(path):
+    with files.open_file(path) as f:
       history = json.load(f).get(CHANGES_KEY, [])
   if changes:
     history.append({"changed": changes})
   record = dict(cfg.flat(), labels_file=labels_file)
   if history:
     record[CHANGES_KEY] = history
-  tf.io.gfile.makedirs(cfg.model_dir)
-  with tf.io.gfile.GFile(path, "w") as f:
+  files.makedirs(cfg.model_dir)
+  with files.open_file(path, "w") as f:
     f.write(json.dumps(record, indent=2, sort_keys=True) + "\n")
   return path
 
 
 def read_config(model_dir: str) -> dict:
   """The config.json of a run; ConfigError if it is missing or incomplete."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   path = os.path.join(model_dir, CONFIG_FILE)
-  _check(tf.io.gfile.exists(path),
+  _check(files.exists(path),
          f"--model_dir={model_dir!r} has no {CONFIG_FILE}; it is written "
          "when a training run (main.py) starts.")
-  with tf.io.gfile.GFile(path) as f:
+  with files.open_file(path) as f:
     record = json.load(f)
   missing = [k for k in MODEL_KEYS if k not in record]
   _check(not missing, f"{path} lacks the keys {missing}.")

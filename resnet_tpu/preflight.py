@@ -5,147 +5,52 @@ takes minutes; a wrong --data_dir or --model_dir should not cost them.
 config.validate checks the flags themselves (sizes agree); here the data
 and the model_dir are opened:
 
-* `find_data_files`: --data_dir is a folder holding train and validation
-  TFRecord files. The one glob of a run: every later step takes this list.
-* `check_data_dir`: the first record of the train and validation files is
-  read: the files must be TFRecords of tf.train.Example with the features of
-  input_pipeline.FEATURES, and the label must lie in [0, --num_classes)
-  after --label_offset. Later records are guarded while training
-  (record_guards.py). A progressive JPEG in the first training record is
-  logged as a warning: the fused decode-and-crop saves nothing on it.
+* the data: data_checks.py (its folder, first records, manifest.json and
+  synsets.txt); none with --use_synthetic_data;
 * `check_model_dir`: a model_dir that already holds checkpoints must have
   been written by the same network (its config.json, config.write_config).
 * `check_resume`: a resumed run keeps every flag that shapes what it
   computes (batch, schedule, length, seed, data and model settings): a
   change stops it, naming each flag's old and new value, unless
   --allow_config_change names the flag; config.json then records it.
-* `check_manifest`: every file's size must match manifest.json, when the
-  data has one (resnet_tpu/inputs/manifest.py), so a truncated copy fails in
-  O(files) stats instead of losing records every epoch.
 * `num_train_images`: the epoch length, from the data unless set.
 * `schedule_warnings`: warm-up, decays and batch-size switches that lie
   beyond the end of the run (the LR schedule counts in epochs).
 
-Every read here goes through tf.io.gfile alone: MultiWorkerMirroredStrategy
-can configure its collectives only before TensorFlow's runtime starts.
+Every read goes through files.py: TensorFlow's file systems where it is
+installed (MultiWorkerMirroredStrategy can configure its collectives only
+before TensorFlow's runtime starts, and tf.io.gfile starts none), Python's
+own for a synthetic JAX run without TensorFlow, which never imports
+data_checks.py.
 """
-import dataclasses
+from __future__ import annotations
+
 import json
 import os
-import time
-from typing import Sequence
+from typing import TYPE_CHECKING
 
 from absl import logging
 import keras
-import tensorflow as tf
-from google.protobuf import message
 
-from resnet_tpu.inputs import record_guards
-from resnet_tpu.inputs import input_pipeline
-from resnet_tpu.inputs import class_list
-from resnet_tpu.inputs import manifest
-from resnet_tpu.inputs import shard_audit
+from resnet_tpu import files
 from resnet_tpu.optim import schedules
 from resnet_tpu.runtime import process_setup
+from resnet_tpu.train import checkpoint_paths
 from resnet_tpu.config import allowed_changes
 from resnet_tpu.config import CONFIG_FILE
 from resnet_tpu.config import ConfigError
 from resnet_tpu.config import FREE_ON_RESUME
+from resnet_tpu.config import IMAGENET_TRAIN_IMAGES
 from resnet_tpu.config import TrainConfig
+
+if TYPE_CHECKING:
+  from resnet_tpu.data_checks import DataFiles
 
 # config.json keys that decide which variables a checkpoint holds.
 CHECKPOINT_KEYS = ("resnet_depth", "num_classes", "optimizer", "backend")
 # What a config.json written before a flag existed ran with, where that is
 # not the flag's default: every run before --backend ran on TensorFlow.
 RECORD_DEFAULTS = {"backend": "tensorflow"}
-# ImageNet's training set, in tensorflow/tpu imagenet_to_gcs.py's layout.
-IMAGENET_TRAIN_IMAGES = 1281167
-IMAGENET_TRAIN_FILES = tuple(f"train-{i:05d}-of-01024" for i in range(1024))
-# Size mismatches named in one error.
-MAX_LISTED = 5
-
-
-@dataclasses.dataclass(frozen=True)
-class DataFiles:
-  """The sorted TFRecord files of each split, listed once."""
-  train: tuple[str, ...]
-  validation: tuple[str, ...]
-
-
-def find_data_files(data_dir: str) -> DataFiles:
-  """Lists the files of both splits in --data_dir (local, gs://, any
-  filesystem TensorFlow reads); ConfigError if it is not a folder or a split
-  has none."""
-  if not tf.io.gfile.isdir(data_dir):
-    raise ConfigError(f"--data_dir={data_dir!r} is not a directory.")
-  return DataFiles(**{split: tuple(input_pipeline.split_files(data_dir, split))
-                      for split in input_pipeline.SPLITS})
-
-
-def _first_record(files: Sequence[str]) -> tuple[bytes, str] | None:
-  """The first record of the first non-empty file, and that file (read
-  without starting TensorFlow's runtime: shard_audit.first_record)."""
-  for path in files:
-    try:
-      record = shard_audit.first_record(path)
-    except tf.errors.DataLossError as e:
-      raise ConfigError(
-          f"{path} (in --data_dir) is not a TFRecord file: {e.message}. "
-          "Expected the imagenet_to_gcs format written by "
-          "data/build_tfrecords.py.") from e
-    if record is not None:
-      return record, path
-  return None
-
-
-def _check_example(record: bytes, path: str,
-                   cfg: TrainConfig) -> tf.train.Example:
-  label_offset, num_classes = cfg.input.label_offset, cfg.model.num_classes
-  try:
-    example = tf.train.Example.FromString(record)
-  except message.DecodeError as e:
-    raise ConfigError(f"The first record of {path} (in --data_dir) is not a "
-                     f"tf.train.Example: {e}.") from e
-  features = example.features.feature
-  missing = sorted(set(input_pipeline.FEATURES) - set(features))
-  if missing:
-    raise ConfigError(
-        f"The first record of {path} (in --data_dir) lacks the features "
-        f"{missing}; it has {sorted(features)}. Expected "
-        f"{sorted(input_pipeline.FEATURES)} (imagenet_to_gcs format).")
-  labels = features["image/class/label"].int64_list.value
-  if len(labels) != 1 or not 0 <= labels[0] - label_offset < num_classes:
-    raise ConfigError(
-        f"The first record of {path} has image/class/label {list(labels)}; "
-        f"after subtracting --label_offset={label_offset} it must be one "
-        f"value in [0, --num_classes={num_classes}).")
-  return example
-
-
-def _warn_if_progressive(example: tf.train.Example, path: str) -> None:
-  image = example.features.feature["image/encoded"].bytes_list.value
-  if image and record_guards.is_progressive_jpeg(image[0]):
-    logging.warning(
-        "The first record of %s (in --data_dir) is a progressive JPEG: the "
-        "fused decode-and-crop (--fused_decode_crop) saves nothing on "
-        "progressive JPEGs, which also decode about 2x slower; "
-        "data/build_tfrecords.py --progressive_to_baseline re-encodes them "
-        "as baseline JPEGs (README 'Running for real').", path)
-
-
-def check_data_dir(cfg: TrainConfig, files: DataFiles) -> None:
-  """Raises ConfigError naming the file when the data cannot be trained on."""
-  for split in input_pipeline.SPLITS:
-    listed = getattr(files, split)
-    first = _first_record(listed)
-    if first is None:
-      raise ConfigError(f"--data_dir={cfg.input.data_dir!r}: the "
-                        f"{len(listed)} {split} files hold no records.")
-    example = _check_example(*first, cfg)
-    if split == "train":
-      _warn_if_progressive(example, first[1])
-
-
 def _engine_named(values: dict) -> dict:
   """Flag values (a config's or a record's), --backend=auto as the engine
   this process runs (run.py and run_jax.py record the one they ran)."""
@@ -161,13 +66,22 @@ def _run_values(cfg: TrainConfig) -> dict:
 def check_model_dir(cfg: TrainConfig) -> None:
   """Raises ConfigError if model_dir has checkpoints of another network.
 
-  Must run before this run writes its own config.json.
+  Must run before this run writes its own config.json. Without TensorFlow
+  (a JAX run: files.py), TensorFlow's checkpoints cannot be read: a
+  ConfigError too, not a fresh start beside them.
   """
+  tf_latest = (not files.tensorflow_installed() and
+               checkpoint_paths.tensorflow_latest(cfg.model_dir))
+  if tf_latest:
+    raise ConfigError(
+        f"--model_dir={cfg.model_dir!r} holds TensorFlow checkpoints "
+        f"({tf_latest}), which need TensorFlow, not installed here: resume "
+        "where it is (pip install -r requirements-jax.txt beside JAX), or "
+        "use a new --model_dir.")
   path = os.path.join(cfg.model_dir, CONFIG_FILE)
-  if not (tf.train.latest_checkpoint(cfg.model_dir) and
-          tf.io.gfile.exists(path)):
+  if not (checkpoint_paths.latest(cfg.model_dir) and files.exists(path)):
     return
-  with tf.io.gfile.GFile(path) as f:
+  with files.open_file(path) as f:
     found = _engine_named(json.load(f))
   flat = _run_values(cfg)
   differ = [f"--{key}={found[key]} there, {flat[key]} here"
@@ -184,12 +98,6 @@ def check_model_dir(cfg: TrainConfig) -> None:
 EVALUATION_ONLY = frozenset({"bn_stats", "bn_recompute_batches"})
 
 
-def _checkpoint_step(path: str) -> int:
-  """The step of a checkpoint the trainer saved (<model_dir>/ckpt-<step>)."""
-  suffix = path.rsplit("-", 1)[-1]
-  return int(suffix) if suffix.isdigit() else -1
-
-
 def check_resume(cfg: TrainConfig) -> dict[str, list]:
   """Compares a resumed run's flags with its model_dir's config.json.
 
@@ -201,13 +109,13 @@ def check_resume(cfg: TrainConfig) -> dict[str, list]:
   checkpoint is a fresh start: nothing to compare.
   """
   path = os.path.join(cfg.model_dir, CONFIG_FILE)
-  latest = tf.train.latest_checkpoint(cfg.model_dir)
-  if not (latest and tf.io.gfile.exists(path)):
+  latest = checkpoint_paths.latest(cfg.model_dir)
+  if not (latest and files.exists(path)):
     return {}
-  with tf.io.gfile.GFile(path) as f:
+  with files.open_file(path) as f:
     found = _engine_named(json.load(f))
   allowed = set(allowed_changes(cfg))
-  if _checkpoint_step(latest) >= cfg.run.total_train_steps:
+  if checkpoint_paths.step_of(latest) >= cfg.run.total_train_steps:
     # A finished run run again only evaluates (trainer._evaluate_finished),
     # with its statistics recomputed if asked (Akiba et al.).
     allowed |= EVALUATION_ONLY
@@ -233,106 +141,36 @@ def check_resume(cfg: TrainConfig) -> dict[str, list]:
   return changed
 
 
-def _manifest_mismatches(data_dir: str, split: str, found: Sequence[str],
-                         listed: manifest.Split) -> list[str]:
-  paths = sorted(set(found) | {os.path.join(data_dir, n) for n in listed})
-  sizes = manifest.file_sizes(paths)
-  mismatches = []
-  for path in paths:
-    entry = listed.get(os.path.basename(path))
-    if entry is None:
-      mismatches.append(f"{path} is a {split} file manifest.json does not "
-                        "list")
-    elif sizes[path] < 0:
-      mismatches.append(f"{path} is missing ({entry.records:,} records)")
-    elif sizes[path] != entry.bytes:
-      mismatches.append(f"{path} is {sizes[path]:,} bytes, manifest.json "
-                        f"says {entry.bytes:,}")
-  return mismatches
+def data_checks():
+  """data_checks.py, imported where there is data to check: it reads the
+  TFRecords with TensorFlow, which a synthetic JAX run may not have."""
+  from resnet_tpu import data_checks as checks  # pylint: disable=g-import-not-at-top
+  return checks
 
 
-def check_manifest(cfg: TrainConfig, files: DataFiles) -> None:
-  """Raises ConfigError naming every file whose size differs from
-  manifest.json; warns that lost records cannot be counted without one."""
-  data_dir = cfg.input.data_dir
-  listed = manifest.read(data_dir)
-  verify = manifest.VERIFY_COMMAND.format(data_dir=data_dir)
-  if listed is None:
-    logging.warning(
-        "--data_dir=%s has no manifest.json: records lost to a truncated or "
-        "corrupt file cannot be counted or their file named while training, "
-        "and a truncated copy is not caught before start-up. `%s "
-        "--write_manifest` checks every record and writes one.",
-        data_dir, verify)
-    return
-  mismatches = []
-  for split in [s for s in input_pipeline.SPLITS if s in listed]:
-    mismatches += _manifest_mismatches(data_dir, split, getattr(files, split),
-                                       listed[split])
-  if mismatches:
-    more = len(mismatches) - MAX_LISTED
-    raise ConfigError(
-        f"--data_dir={data_dir!r} does not match its manifest.json: "
-        + "; ".join(mismatches[:MAX_LISTED])
-        + (f"; and {more} more" if more > 0 else "")
-        + f". A partial copy? `{verify}` checks every record; copy the "
-        "files again, or rebuild them (data/build_tfrecords.py).")
-
-
-def check_classes(cfg: TrainConfig) -> None:
-  """Raises ConfigError when --num_classes is not the number of classes
-  the data's synsets.txt lists (data/build_tfrecords.py writes one); data
-  without one (tensorflow/tpu's imagenet_to_gcs.py) is not checked."""
-  names = class_list.read(cfg.input.data_dir)
-  if names is not None and len(names) != cfg.model.num_classes:
-    raise ConfigError(
-        f"--num_classes={cfg.model.num_classes}, but "
-        f"{class_list.path(cfg.input.data_dir)} lists {len(names)} classes: "
-        f"set --num_classes={len(names)}.")
-
-
-def resolve(cfg: TrainConfig, files: DataFiles | None) -> TrainConfig:
+def resolve(cfg: TrainConfig, found: DataFiles | None) -> TrainConfig:
   """`cfg` with what comes from the host and the data filled in: the
   strategy kind (process_setup.startup_kind, decided once) and the images
   of an epoch. After it no property of the config raises, and nothing
-  reads --strategy=auto or --num_train_images=0 again. `files`: None with
+  reads --strategy=auto or --num_train_images=0 again. `found`: None with
   --use_synthetic_data."""
   dist = cfg.distribution
   return cfg.replace(
       strategy=process_setup.startup_kind(dist.strategy, dist.tpu),
-      num_train_images=num_train_images(cfg, files))
+      num_train_images=num_train_images(cfg, found))
 
 
-def num_train_images(cfg: TrainConfig, files: DataFiles | None) -> int:
-  """Images per epoch: --num_train_images, else the train records of
-  manifest.json, else ImageNet's count for its 1024-file layout, else a
-  count of the records (their framing read in every train file:
-  shard_audit.count_records).
-  Synthetic data stands in for ImageNet."""
+def num_train_images(cfg: TrainConfig, found: DataFiles | None) -> int:
+  """Images per epoch: --num_train_images, else the data's count
+  (data_checks.count_train_images). Synthetic data stands in for
+  ImageNet."""
   if cfg.run.num_train_images:
     return cfg.run.num_train_images
   if cfg.input.use_synthetic_data:
     logging.info("--use_synthetic_data: an epoch is ImageNet's %s images "
                  "(--num_train_images sets it)", f"{IMAGENET_TRAIN_IMAGES:,}")
     return IMAGENET_TRAIN_IMAGES
-  data_dir = cfg.input.data_dir
-  listed = (manifest.read(data_dir) or {}).get("train")
-  if listed:
-    count = manifest.records(listed)
-    logging.info("%s training images (manifest.json)", f"{count:,}")
-    return count
-  train = files.train
-  if tuple(os.path.basename(f) for f in train) == IMAGENET_TRAIN_FILES:
-    logging.info("ImageNet's 1024 training files: %s images (no "
-                 "manifest.json to count them)", f"{IMAGENET_TRAIN_IMAGES:,}")
-    return IMAGENET_TRAIN_IMAGES
-  start = time.monotonic()
-  count = sum(map(shard_audit.count_records, train))
-  logging.info("Counted %s training records in %d files in %.1f s (a "
-               "manifest.json saves this: `%s --write_manifest`)",
-               f"{count:,}", len(train), time.monotonic() - start,
-               manifest.VERIFY_COMMAND.format(data_dir=data_dir))
-  return count
+  return data_checks().count_train_images(cfg.input.data_dir, found)
 
 
 def schedule_warnings(cfg: TrainConfig) -> list[str]:
@@ -406,13 +244,14 @@ def check_run(cfg: TrainConfig
   config resolved from the data, the files and the resume's deliberate
   changes (check_resume)."""
   check_model_dir(cfg)
-  files = None
+  found = None
   if not cfg.input.use_synthetic_data:
-    files = find_data_files(cfg.input.data_dir)
-    check_data_dir(cfg, files)
-    check_manifest(cfg, files)
-    check_classes(cfg)
-  cfg = resolve(cfg, files)
+    checks = data_checks()
+    found = checks.find_data_files(cfg.input.data_dir)
+    checks.check_data_dir(cfg, found)
+    checks.check_manifest(cfg, found)
+    checks.check_classes(cfg)
+  cfg = resolve(cfg, found)
   changes = check_resume(cfg)
   optim = cfg.optim
   schedules.validate_schedule(optim.lr_schedule, optim.warmup_epochs,
@@ -423,4 +262,4 @@ def check_run(cfg: TrainConfig
     logging.warning("%s", warning)
   for note in input_notes(cfg):
     logging.info("Note: %s", note)
-  return cfg, files, changes
+  return cfg, found, changes

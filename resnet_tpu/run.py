@@ -11,6 +11,7 @@ from resnet_tpu.runtime import device_check
 from resnet_tpu import export
 from resnet_tpu.runtime import host_memory
 from resnet_tpu.inputs import input_pipeline
+from resnet_tpu import data_checks
 from resnet_tpu import preflight
 from resnet_tpu.runtime import process_setup
 from resnet_tpu.inputs import shard_audit
@@ -26,7 +27,7 @@ from resnet_tpu.train.trainer import Trainer
 
 
 def num_eval_examples(cfg: TrainConfig,
-                      files: preflight.DataFiles | None) -> int:
+                      files: data_checks.DataFiles | None) -> int:
   """--num_eval_images, or the record count of the validation split."""
   if files is None:
     return 0
@@ -100,7 +101,7 @@ def run(cfg: TrainConfig, model_fn: ModelFn | None = None,
 
 
 def train(cfg: TrainConfig, trainer: Trainer,
-          files: preflight.DataFiles | None) -> dict:
+          files: data_checks.DataFiles | None) -> dict:
   """Runs `trainer.fit` on the synthetic input of `cfg` (files None) or on
   the TFRecord `files` the pre-flight found."""
   model, run_cfg = cfg.model, cfg.run

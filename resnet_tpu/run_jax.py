@@ -9,40 +9,48 @@ parallel/bn_all_reduce_jax.py) and the trainer is jax_trainer.py.
 parallel/jax_processes.py); each reads its own share of the data, and
 process 0 writes the config, metrics, checkpoints and export.
 
-TensorFlow must be installed beside JAX: the input is tf.data, and the
-checkpoints, metrics and export go through TensorFlow's file and checkpoint
-APIs (so gs:// model_dirs work). The SavedModel is written by a TensorFlow
-engine process (resnet_tpu.export on the run's final checkpoint), so it has
-the TensorFlow path's signatures exactly; --init_checkpoint is read by one
-too (warm_start.write_weights). README "Running on JAX" lists what differs.
+Where TensorFlow is installed beside JAX, the TFRecord input is tf.data,
+and the checkpoints, metrics and export go through TensorFlow's file and
+checkpoint APIs (so gs:// model_dirs work). The SavedModel is written by a
+TensorFlow engine process (resnet_tpu.export on the run's final
+checkpoint), so it has the TensorFlow path's signatures exactly;
+--init_checkpoint is read by one too (warm_start.write_weights). Where it
+is not (a GPU image with JAX alone), a run trains on --use_synthetic_data
+(inputs/synthetic.py) into a local model_dir: .npz checkpoints
+(train/checkpoints_npz.py), metrics.jsonl without TensorBoard, no export
+(config.validate names what needs TensorFlow). README "Running on JAX"
+lists what differs.
 """
+from __future__ import annotations
+
 import os
 import subprocess
 import sys
 import tempfile
+from typing import TYPE_CHECKING
 
 from absl import logging
 import jax
 import keras
 import numpy as np
-import tensorflow as tf
 
 from resnet_tpu import config as config_lib
-from resnet_tpu import export
+from resnet_tpu import files
 from resnet_tpu import preflight
-from resnet_tpu import warm_start
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.inputs import input_pipeline
-from resnet_tpu.inputs import shard_audit
+from resnet_tpu.inputs import class_list
+from resnet_tpu.inputs import synthetic
 from resnet_tpu.parallel import jax_processes
 from resnet_tpu.parallel.bn_all_reduce_jax import build_mesh
 from resnet_tpu.parallel.bn_all_reduce_jax import replica_groups
-from resnet_tpu.runtime import process_setup
-from resnet_tpu.train import jax_input
+from resnet_tpu.train import checkpoint_paths
 from resnet_tpu.train import storage
 from resnet_tpu.train.jax_trainer import Batches
 from resnet_tpu.train.jax_trainer import JaxTrainer
 from resnet_tpu.train.jax_trainer import LoopCallback
+
+if TYPE_CHECKING:
+  from resnet_tpu.data_checks import DataFiles
 
 # The package's parent: where a child process finds resnet_tpu.
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,7 +59,6 @@ PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def run(cfg: TrainConfig, loop_callback: LoopCallback | None = None) -> dict:
   """Validates `cfg`, trains on JAX's devices, evaluates and exports;
   returns the last eval record (run.run's contract)."""
-  process_setup.require_tensorflow_for_jax()
   if keras.backend.backend() != "jax":
     raise config_lib.ConfigError(
         "run_jax.run needs Keras on JAX: set --backend=jax (main.py) or "
@@ -64,13 +71,15 @@ def run(cfg: TrainConfig, loop_callback: LoopCallback | None = None) -> dict:
   check_devices(cfg.distribution.strategy, devices[0].platform,
                 jax.process_count())
   config_lib.validate_replicas(cfg, len(devices))
-  # TensorFlow feeds the input and writes files; JAX alone holds the GPUs.
-  tf.config.set_visible_devices([], "GPU")
-  cfg, files, changes = preflight.check_run(cfg)
+  if files.tensorflow_installed():
+    hide_gpus_from_tensorflow()
+  cfg, found, changes = preflight.check_run(cfg)
   # Fine-tuning: a run that has no checkpoint yet starts from another's.
   fine_tune = bool(cfg.run.init_checkpoint and
-                   not tf.train.latest_checkpoint(cfg.model_dir))
+                   not checkpoint_paths.latest(cfg.model_dir))
   if fine_tune:
+    # TensorFlow reads the source (config.validate: it is installed).
+    from resnet_tpu import warm_start  # pylint: disable=g-import-not-at-top
     warm_start.check_compatible(
         cfg, warm_start.find_source(cfg.run.init_checkpoint))
   keras.utils.set_random_seed(cfg.run.seed)
@@ -86,9 +95,8 @@ def run(cfg: TrainConfig, loop_callback: LoopCallback | None = None) -> dict:
   if trainer.chief:
     storage.written("config.json", cfg.model_dir, cfg.model_dir,
                     lambda: config_lib.write_config(
-                        cfg, export.labels_file(cfg.input.data_dir),
-                        changes))
-  result = train(cfg, trainer, files)
+                        cfg, class_list.path(cfg.input.data_dir), changes))
+  result = train(cfg, trainer, found)
   if cfg.run.export_dir and trainer.chief:
     export_in_tensorflow(cfg.model_dir, cfg.run.export_dir)
   return result
@@ -111,34 +119,53 @@ def check_devices(strategy: str, platform: str, process_count: int) -> None:
         "host.")
 
 
+def hide_gpus_from_tensorflow() -> None:
+  """TensorFlow feeds the input and writes files; JAX alone holds the
+  GPUs."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tf.config.set_visible_devices([], "GPU")
+
+
 def train(cfg: TrainConfig, trainer: JaxTrainer,
-          files: preflight.DataFiles | None) -> dict:
-  """trainer.fit on the synthetic input of `cfg` (files None) or on the
-  TFRecord `files`: this process's share of them."""
+          found: DataFiles | None) -> dict:
+  """trainer.fit on the synthetic input of `cfg` (found None) or on the
+  TFRecord files `found`: this process's share of them."""
+  model, run_cfg = cfg.model, cfg.run
+  if found is None:
+    share = run_cfg.global_batch_size // jax.process_count()
+    return trainer.fit(lambda _: synthetic.host_batches(
+        model.image_size, model.num_classes, share, cfg.transfer_dtype,
+        jax.process_index()))
+  return train_on_records(cfg, trainer, found)
+
+
+def train_on_records(cfg: TrainConfig, trainer: JaxTrainer,
+                     found: DataFiles) -> dict:
+  """trainer.fit on this process's share of the TFRecord files `found`,
+  read by tf.data (config.validate: TensorFlow is installed)."""
+  # pylint: disable=g-import-not-at-top  (TensorFlow's modules)
+  from resnet_tpu.inputs import input_pipeline
+  from resnet_tpu.inputs import shard_audit
+  from resnet_tpu.train import jax_input
+  # pylint: enable=g-import-not-at-top
   model, run_cfg = cfg.model, cfg.run
   context = jax_input.host_context(jax.process_count(), jax.process_index())
   shape = dict(image_size=model.image_size, num_classes=model.num_classes,
                dtype=cfg.transfer_dtype)
-  if files is None:
-    synthetic = input_pipeline.synthetic_dataset_fn(
-        model.image_size, model.num_classes, run_cfg.global_batch_size,
-        cfg.transfer_dtype)
-    return trainer.fit(lambda _: jax_input.train_batches(synthetic, 0,
-                                                         context))
   num_eval = cfg.run.num_eval_images or input_pipeline.count_examples(
-      files.validation)
+      found.validation)
   logging.info("Validation split: %d examples", num_eval)
   faults = shard_audit.DataFaults(
-      list(files.train),
-      shard_audit.expected_records(cfg.input.data_dir, files.train),
+      list(found.train),
+      shard_audit.expected_records(cfg.input.data_dir, found.train),
       cfg.input.on_corrupt_shard)
   eval_fn = input_pipeline.eval_dataset_fn(
-      cfg.input, files.validation, run_cfg.eval_batch_size, num_eval,
+      cfg.input, found.validation, run_cfg.eval_batch_size, num_eval,
       **shape)
 
   def train_input(start_step: int) -> Batches:
     return jax_input.train_batches(input_pipeline.train_dataset_fn(
-        cfg.input, files.train, run_cfg.global_batch_size, **shape,
+        cfg.input, found.train, run_cfg.global_batch_size, **shape,
         seed=run_cfg.seed, start_step=start_step), faults.num_sources,
                                    context)
 

@@ -17,7 +17,7 @@ from conftest import cpu_strategy
 from resnet_tpu import config as config_lib
 from resnet_tpu import flags as resnet_flags
 from resnet_tpu.inputs import input_pipeline
-from resnet_tpu import preflight
+from resnet_tpu import data_checks
 from resnet_tpu import run as run_lib
 from resnet_tpu.train import trainer as trainer_lib
 from resnet_tpu.config import ConfigError
@@ -133,8 +133,8 @@ def test_progressive_training_jpegs_are_named_before_startup(
     _write(tmp_path / f"{split}-00000-of-00001",
            [imagenet_to_gcs_record(1, jpeg)])
   with caplog.at_level(logging.WARNING):
-    preflight.check_data_dir(_config(tmp_path, tmp_path),
-                             preflight.find_data_files(str(tmp_path)))
+    data_checks.check_data_dir(_config(tmp_path, tmp_path),
+                               data_checks.find_data_files(str(tmp_path)))
   warned = "is a progressive JPEG" in caplog.text
   assert warned == progressive
   if progressive:
@@ -284,5 +284,5 @@ def test_num_classes_other_than_the_data_s_class_list_fails_naming_both(
                      r"\.txt lists 4 classes: set --num_classes=4"):
     run_lib.run(_config(tmp_path, tmp_path))
   # The same data with its class count passes the check.
-  from resnet_tpu import preflight  # pylint: disable=g-import-not-at-top
-  preflight.check_classes(_config(tmp_path, tmp_path, num_classes=4))
+  from resnet_tpu import data_checks  # pylint: disable=g-import-not-at-top
+  data_checks.check_classes(_config(tmp_path, tmp_path, num_classes=4))

@@ -2,7 +2,7 @@
 import pytest
 
 from resnet_tpu import config as config_lib
-from resnet_tpu import preflight
+from resnet_tpu import data_checks
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.config import validate
 
@@ -84,13 +84,13 @@ def test_missing_data_dir_is_rejected(tmp_path):
   with pytest.raises(ValueError, match="--data_dir"):
     validate(_config(use_synthetic_data=False, data_dir=""))
   with pytest.raises(ValueError, match="not a directory"):
-    preflight.find_data_files(str(tmp_path / "nope"))
+    data_checks.find_data_files(str(tmp_path / "nope"))
 
 
 def test_data_dir_without_tfrecords_is_rejected(tmp_path):
   (tmp_path / "readme.txt").write_text("not a TFRecord")
   with pytest.raises(ValueError, match="train-"):
-    preflight.find_data_files(str(tmp_path))
+    data_checks.find_data_files(str(tmp_path))
 
 
 def test_batch_size_schedule_sets_steps_from_epochs():

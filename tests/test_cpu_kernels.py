@@ -34,7 +34,8 @@ JAX_ENGINE = ("resnet_tpu.model.batch_norm_jax",
               "resnet_tpu.parallel.jax_processes",
               "resnet_tpu.train.jax_step", "resnet_tpu.train.jax_trainer",
               "resnet_tpu.train.jax_input",
-              "resnet_tpu.train.checkpoints_jax", "resnet_tpu.run_jax")
+              "resnet_tpu.train.checkpoints_jax",
+              "resnet_tpu.train.checkpoints_npz", "resnet_tpu.run_jax")
 # Imports every module of the package, then prints the two variables.
 IMPORT_ALL = f"""
 import importlib, os, pkgutil

@@ -6,6 +6,7 @@ import logging
 import pytest
 
 from conftest import cpu_strategy
+from resnet_tpu import data_checks
 from resnet_tpu import preflight
 from resnet_tpu import run as run_lib
 from resnet_tpu.inputs import input_pipeline
@@ -23,9 +24,9 @@ def _config(data_dir="", **overrides) -> TrainConfig:
       "train_steps": 1, **overrides})
 
 
-def _train_files(data_dir) -> preflight.DataFiles:
+def _train_files(data_dir) -> data_checks.DataFiles:
   """The train files of `data_dir` (it has no validation split)."""
-  return preflight.DataFiles(
+  return data_checks.DataFiles(
       train=tuple(input_pipeline.split_files(str(data_dir), "train")),
       validation=())
 

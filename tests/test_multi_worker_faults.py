@@ -158,14 +158,15 @@ def test_a_restore_disagreement_names_what_differs_on_each_worker():
 
 PREFLIGHT_THEN_STRATEGY = """
 import sys
+from resnet_tpu import data_checks
 from resnet_tpu import preflight
 from resnet_tpu.config import TrainConfig
 cfg = TrainConfig.from_flat(data_dir=sys.argv[1], model_dir=sys.argv[2],
                             num_classes=3)
-files = preflight.find_data_files(cfg.input.data_dir)
-preflight.check_data_dir(cfg, files)
+files = data_checks.find_data_files(cfg.input.data_dir)
+data_checks.check_data_dir(cfg, files)
 preflight.check_model_dir(cfg)
-preflight.check_manifest(cfg, files)
+data_checks.check_manifest(cfg, files)
 print("training images:", preflight.num_train_images(cfg, files))
 import tensorflow as tf
 tf.distribute.MultiWorkerMirroredStrategy()

@@ -144,12 +144,3 @@ def test_jax_on_cpu_gets_the_replicas_as_virtual_devices():
   untouched = {}
   process_setup.jax_platform("tpu", 4, untouched)
   assert not untouched
-
-
-def test_a_jax_run_without_tensorflow_is_told_to_install_it(monkeypatch):
-  process_setup.require_tensorflow_for_jax()  # installed here
-  monkeypatch.setattr(process_setup.importlib.util, "find_spec",
-                      lambda name: None)
-  with pytest.raises(process_setup.ConfigError,
-                     match="pip install -r requirements-jax.txt"):
-    process_setup.require_tensorflow_for_jax()

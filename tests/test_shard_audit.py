@@ -1,5 +1,5 @@
 """Damaged training shards are named and their lost records counted, at
-start-up (preflight.check_manifest) and while training (shard_audit.py).
+start-up (data_checks.check_manifest) and while training (shard_audit.py).
 Built from real damaged files: cut mid-record, 8 bytes flipped mid-file."""
 import logging
 import os
@@ -11,7 +11,7 @@ from conftest import cpu_strategy
 import damaged_shards
 from resnet_tpu.inputs import record_guards
 from resnet_tpu.inputs import input_pipeline
-from resnet_tpu import preflight
+from resnet_tpu import data_checks
 from resnet_tpu import run as run_lib
 from resnet_tpu.runtime import compat
 from resnet_tpu.inputs import shard_audit
@@ -166,9 +166,9 @@ def test_preflight_names_a_truncated_and_a_missing_file_via_the_manifest(
   size = os.path.getsize(cut)
   damaged_shards.truncate_in_record(cut, records, 4)
   os.remove(missing)
-  files = preflight.find_data_files(str(tmp_path))
+  files = data_checks.find_data_files(str(tmp_path))
   with pytest.raises(ValueError) as error:
-    preflight.check_manifest(_train_config(tmp_path), files)
+    data_checks.check_manifest(_train_config(tmp_path), files)
   message = str(error.value)
   assert (f"{cut} is {os.path.getsize(cut):,} bytes, manifest.json says "
           f"{size:,}") in message
@@ -179,9 +179,9 @@ def test_preflight_names_a_truncated_and_a_missing_file_via_the_manifest(
 def test_preflight_without_a_manifest_warns_that_losses_go_uncounted(
     tmp_path, caplog):
   shards = damaged_shards.write_shards(tmp_path)
-  files = preflight.DataFiles(train=tuple(shards), validation=())
+  files = data_checks.DataFiles(train=tuple(shards), validation=())
   with caplog.at_level(logging.WARNING):
-    preflight.check_manifest(_train_config(tmp_path), files)
+    data_checks.check_manifest(_train_config(tmp_path), files)
   assert "has no manifest.json: records lost" in caplog.text
   assert "--write_manifest" in caplog.text
 

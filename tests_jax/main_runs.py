@@ -2,6 +2,7 @@
 of training (test_training.py) and of several hosts (test_multi_host.py)."""
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -26,13 +27,34 @@ def env(**extra: str) -> dict:
   return {**kept, **extra}
 
 
-def main(*flags: str, backend: str = "jax",
-         environ: dict | None = None) -> subprocess.CompletedProcess:
-  """main.py with `flags`, to its end."""
+# main.py as where TensorFlow is not installed (without_tensorflow.py).
+WITHOUT_TENSORFLOW = os.path.join(ROOT, "tests_jax", "without_tensorflow.py")
+
+
+def main(*flags: str, backend: str = "jax", environ: dict | None = None,
+         script: str = "main.py") -> subprocess.CompletedProcess:
+  """main.py (or `script`, which runs it) with `flags`, to its end."""
   return subprocess.run(
-      [sys.executable, "main.py", f"--backend={backend}", *flags], cwd=ROOT,
+      [sys.executable, script, f"--backend={backend}", *flags], cwd=ROOT,
       env=environ or env(), capture_output=True, text=True,
       timeout=RUN_TIMEOUT_S)
+
+
+def stopped_after(line: str, *flags: str,
+                  script: str = "main.py") -> tuple[int, str]:
+  """Runs main.py (or `script`) on JAX with `flags` until it logs `line`,
+  then sends it SIGTERM; returns its exit code and log."""
+  process = subprocess.Popen(
+      [sys.executable, script, "--backend=jax", *flags], cwd=ROOT,
+      env=env(), stderr=subprocess.PIPE, text=True)
+  seen = []
+  for text in process.stderr:
+    seen.append(text)
+    if line in text:
+      process.send_signal(signal.SIGTERM)
+      break
+  seen.extend(process.stderr)
+  return process.wait(timeout=RUN_TIMEOUT_S), "".join(seen)
 
 
 def records(model_dir: str, split: str) -> list[dict]:

@@ -17,7 +17,6 @@ runs it, in processes of its own.
 """
 import json
 import os
-import signal
 import subprocess
 import sys
 
@@ -32,6 +31,7 @@ from main_runs import main
 from main_runs import make_demo_data
 from main_runs import ok
 from main_runs import records
+from main_runs import stopped_after
 
 
 @pytest.fixture(scope="module")
@@ -167,28 +167,13 @@ def test_recomputed_bn_statistics_read_training_batches_before_each_save(
 def test_sigterm_saves_exits_42_and_the_next_run_resumes(tmp_path):
   flags = (*TINY, "--train_steps=400", "--steps_per_loop=2",
            f"--model_dir={tmp_path}")
-
-  def stopped_after(line: str) -> tuple[int, str]:
-    """Runs main.py until it logs `line`, then sends SIGTERM."""
-    process = subprocess.Popen(
-        [sys.executable, "main.py", "--backend=jax", *flags], cwd=ROOT,
-        env=env(), stderr=subprocess.PIPE, text=True)
-    seen = []
-    for text in process.stderr:
-      seen.append(text)
-      if line in text:
-        process.send_signal(signal.SIGTERM)
-        break
-    seen.extend(process.stderr)
-    return process.wait(timeout=RUN_TIMEOUT_S), "".join(seen)
-
-  code, log = stopped_after("step 4/400")
+  code, log = stopped_after("step 4/400", *flags)
   assert code == 42, log[-3000:]
   assert "Preempted (SIGTERM) at step" in log
   saved = [n for n in os.listdir(tmp_path) if n.endswith(".index")]
   assert len(saved) == 1, saved
   step = int(saved[0].split("-")[1].split(".")[0])
-  code, log = stopped_after(f"step {step + 2}/400")
+  code, log = stopped_after(f"step {step + 2}/400", *flags)
   assert code == 42, log[-3000:]
   assert f"Restored {tmp_path}/ckpt-{step} at step {step}" in log
 

@@ -4,7 +4,7 @@ data/build_tfrecords.py. The pre-flight compares --num_classes with it;
 evaluation and prediction print its names."""
 import os
 
-import tensorflow as tf
+from resnet_tpu import files
 
 SYNSETS_FILE = "synsets.txt"
 
@@ -12,7 +12,7 @@ SYNSETS_FILE = "synsets.txt"
 def path(data_dir: str) -> str:
   """`data_dir`'s synsets.txt when it exists, else ""."""
   candidate = os.path.join(data_dir, SYNSETS_FILE) if data_dir else ""
-  return candidate if candidate and tf.io.gfile.exists(candidate) else ""
+  return candidate if candidate and files.exists(candidate) else ""
 
 
 def read(data_dir: str) -> list[str] | None:
@@ -21,6 +21,6 @@ def read(data_dir: str) -> list[str] | None:
   found = path(data_dir)
   if not found:
     return None
-  with tf.io.gfile.GFile(found) as f:
+  with files.open_file(found) as f:
     return [line.split("\t", 1)[-1] for line in f.read().splitlines()
             if line.strip()]

@@ -18,7 +18,7 @@ otherwise every pipeline reads every file in one fixed order and keeps every
 k-th record. Each optimisation of §3.2 has a switch in the config's
 `InputConfig` (cfg.input), so the ablation of Ying et al. Figure 5 is
 measurable (lab/bench_input.py). The files come listed: the pre-flight globs
---data_dir once (preflight.find_data_files).
+--data_dir once (data_checks.find_data_files).
 
 Records follow tensorflow/tpu `tools/datasets/imagenet_to_gcs.py`: files
 `train-%05d-of-%05d` and `validation-%05d-of-%05d` whose `image/class/label` is
@@ -186,7 +186,7 @@ def train_dataset_fn(cfg: InputConfig, files: Sequence[str],
                      start_step: int = 0) -> DatasetFn:
   """Infinite training dataset_fn: (images [b, S, S, 3], labels int32 [b]).
 
-  `files`: the train split's (preflight.find_data_files). Images are raw
+  `files`: the train split's (data_checks.find_data_files). Images are raw
   0..255 pixels in `dtype` (uint8 by default; the model's first layer
   casts); b is the per-replica batch. num_classes > 0: every label is
   checked (record_guards.py).

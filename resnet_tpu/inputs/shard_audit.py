@@ -29,7 +29,7 @@ records read, expected and lost, and the byte offset where reading stops)
 and, under --on_corrupt_shard=fail, every worker raises CorruptShardError
 naming the file after the same host loop. Without a manifest the number of
 lost records is unknown: a damaged file ends early, uncounted
-(preflight.check_manifest says so at start-up).
+(data_checks.check_manifest says so at start-up).
 """
 import os
 from typing import Callable, Sequence
@@ -182,7 +182,7 @@ def reading(files: list[str], indices: list[int], buffer_size: int,
 def expected_records(data_dir: str, files: Sequence[str]
                      ) -> dict[str, int] | None:
   """path -> records of `files` in manifest.json; None when it does not
-  list them all (preflight.check_manifest names those)."""
+  list them all (data_checks.check_manifest names those)."""
   listed = (manifest.read(data_dir) or {}).get("train", {})
   if not all(os.path.basename(f) in listed for f in files):
     return None

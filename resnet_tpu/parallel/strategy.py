@@ -147,3 +147,22 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
   return (resolver.task_type == "chief" or
           (resolver.task_type == "worker" and resolver.task_id == 0 and
            "chief" not in resolver.cluster_spec().as_dict()))
+
+
+# Errors a collective raises when a peer is gone: connection refused or
+# reset, coordination-service heartbeat timeout, collective timeout.
+PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.AbortedError,
+               tf.errors.DeadlineExceededError, tf.errors.CancelledError)
+
+
+def any_worker(strategy: tf.distribute.Strategy, flag: bool) -> bool:
+  """Whether `flag` is set on any worker; every worker must call this
+  together on multi-worker strategies (one scalar all-reduce), so that all
+  stop or save after the same host loop (preemption.py, cadence.py)."""
+  if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+    return flag
+  value = tf.constant(1.0 if flag else 0.0)
+  per_replica = strategy.experimental_distribute_values_from_function(
+      lambda _: value)
+  total = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+  return float(total) > 0

@@ -20,7 +20,6 @@ and a variable the user set always wins.
 """
 from collections.abc import Mapping, MutableMapping, Sequence
 import glob
-import importlib.util
 import os
 import sys
 
@@ -142,16 +141,6 @@ def choose_backend(flag: str,
                       "loads.")
   environ[BACKEND_ENV] = name
   return name
-
-
-def require_tensorflow_for_jax() -> None:
-  """A JAX run reads and writes through TensorFlow (run_jax.py): one clear
-  line, before anything starts, where it is not installed."""
-  if importlib.util.find_spec("tensorflow") is None:
-    raise ConfigError(
-        "--backend=jax trains with TensorFlow installed beside JAX (tf.data "
-        "input; checkpoints, metrics and the export through TensorFlow's "
-        "APIs): pip install -r requirements-jax.txt.")
 
 
 def jax_platform(strategy: str, num_cpu_replicas: int,

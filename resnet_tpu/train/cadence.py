@@ -17,27 +17,14 @@ then costs at most that interval plus the host loop in flight.
 Each worker reads its own clock; one scalar all-reduce after each host loop
 makes them all save after the same loop when any one is due (a
 MultiWorkerMirroredStrategy save needs every worker). No eval is needed.
-A JAX run is one host's and reads its own (`SaveTimer.due_here`).
+A JAX run's processes agree on every one's `SaveTimer.due_here` in one
+allgather (parallel/jax_processes.py).
 """
 import dataclasses
 import time
 from typing import Callable, Sequence
 
-import tensorflow as tf
-
 from resnet_tpu.config import RunConfig
-
-
-def any_worker(strategy: tf.distribute.Strategy, flag: bool) -> bool:
-  """Whether `flag` is set on any worker; every worker must call this
-  together on multi-worker strategies (one scalar all-reduce)."""
-  if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-    return flag
-  value = tf.constant(1.0 if flag else 0.0)
-  per_replica = strategy.experimental_distribute_values_from_function(
-      lambda _: value)
-  total = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-  return float(total) > 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,8 +89,9 @@ class SaveTimer:
     """Whether this process's interval has passed (one host)."""
     return bool(self._seconds) and self._now() - self._last >= self._seconds
 
-  def due(self, strategy: tf.distribute.Strategy) -> bool:
-    """Whether any worker's interval has passed: call on every worker."""
+  def due(self, any_worker: Callable[[bool], bool]) -> bool:
+    """Whether any worker's interval has passed: call on every worker;
+    `any_worker` ORs a flag over them (parallel/strategy.any_worker)."""
     if not self._seconds:
       return False  # the same flag on every worker: no all-reduce needed
-    return any_worker(strategy, self.due_here())
+    return any_worker(self.due_here())

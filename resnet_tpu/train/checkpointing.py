@@ -26,9 +26,9 @@ import tensorflow as tf
 
 from resnet_tpu.config import ConfigError
 from resnet_tpu.config import TrainConfig
+from resnet_tpu.train import checkpoint_paths
 from resnet_tpu.train import storage
 
-DAMAGED_DIR = "damaged"
 # Error codes of a filesystem that may pass: retried, never taken for
 # damage. (The checkpoint reader raises plain OpErrors: codes, not classes.)
 TRANSIENT_CODES = frozenset({
@@ -234,7 +234,8 @@ class Checkpoints:
       return []
     paths = list(state.all_model_checkpoint_paths) or [
         state.model_checkpoint_path]
-    return sorted(map(self._absolute, paths), key=_number, reverse=True)
+    return sorted(map(self._absolute, paths), key=checkpoint_paths.step_of,
+                  reverse=True)
 
   def _absolute(self, path: str) -> str:
     return (path if os.path.isabs(path) or "://" in path
@@ -248,8 +249,9 @@ class Checkpoints:
     them."""
     if self.chief:
       for path in damaged:
-        aside = _free_folder(os.path.join(self.cfg.model_dir, DAMAGED_DIR,
-                                          os.path.basename(path)))
+        aside = checkpoint_paths.free_folder(os.path.join(
+            self.cfg.model_dir, checkpoint_paths.DAMAGED_DIR,
+            os.path.basename(path)))
         tf.io.gfile.makedirs(aside)
         for name in tf.io.gfile.glob(path + ".*"):
           tf.io.gfile.rename(name, os.path.join(aside,
@@ -261,7 +263,8 @@ class Checkpoints:
       # rotating) them.
       times = dict(zip(map(self._absolute, state.all_model_checkpoint_paths),
                        state.all_model_checkpoint_timestamps))
-      intact = sorted((p for p in candidates if p not in damaged), key=_number)
+      intact = sorted((p for p in candidates if p not in damaged),
+                      key=checkpoint_paths.step_of)
       tf.compat.v1.train.update_checkpoint_state(
           self.cfg.model_dir, restored, all_model_checkpoint_paths=intact,
           all_model_checkpoint_timestamps=[times[p] for p in intact
@@ -272,15 +275,6 @@ class Checkpoints:
 def _listed(values: list[int]) -> str:
   """"10 and 5", "10, 5 and 3"."""
   return ", ".join(map(str, values[:-1])) + f" and {values[-1]}"
-
-
-def _free_folder(path: str) -> str:
-  """`path`, or `path`.2, .3, ... : the first that does not exist."""
-  candidate, n = path, 1
-  while tf.io.gfile.exists(candidate):
-    n += 1
-    candidate = f"{path}.{n}"
-  return candidate
 
 
 def _code(error: Exception) -> int | None:
@@ -312,12 +306,6 @@ def _read_all(path: str) -> None:
   reader = tf.train.load_checkpoint(path)
   for name in reader.get_variable_to_shape_map():
     reader.get_tensor(name)
-
-
-def _number(path: str) -> int:
-  """N of a checkpoint path ending in -N."""
-  tail = path.rsplit("-", 1)[-1]
-  return int(tail) if tail.isdigit() else -1
 
 
 def _first_line(error: Exception) -> str:

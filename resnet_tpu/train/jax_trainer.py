@@ -13,7 +13,8 @@ What differs is the engine's own part:
   dispatched asynchronously as flax and big_vision run them; the host reads
   the loop's metric sums once, at its end;
 - the state lives on the devices as a TrainState and is checkpointed
-  through checkpoints_jax.py;
+  through checkpoints_jax.py (TensorFlow's files) where TensorFlow is
+  installed, through checkpoints_npz.py where it is not;
 - the input arrives as numpy batches (jax_input.py).
 
 On several hosts (--strategy=multi_worker, one process each: parallel/
@@ -22,22 +23,26 @@ process 0 writes the files; SIGTERM, the checkpoint clock and the fault
 counts are agreed after each host loop, the restored step before the
 first; every process waits for each checkpoint to be written.
 """
+from __future__ import annotations
+
 import time
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TYPE_CHECKING
 
 from absl import logging
 import jax
+import keras
 import numpy as np
 
+from resnet_tpu import files
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.inputs.shard_audit import DataFaults
 from resnet_tpu.model.resnet import build_model
 from resnet_tpu.optim import optimizers
 from resnet_tpu.parallel import jax_processes
 from resnet_tpu.train import cadence
+from resnet_tpu.train import checkpoint_paths
 from resnet_tpu.train import loop_report
 from resnet_tpu.train import preemption
-from resnet_tpu.train.checkpoints_jax import JaxCheckpoints
+from resnet_tpu.train.checkpoints_npz import NpzCheckpoints
 from resnet_tpu.train.loop_result import LoopResult
 from resnet_tpu.train.jax_step import JaxTrainStep
 from resnet_tpu.train.jax_step import LossConfig
@@ -45,9 +50,30 @@ from resnet_tpu.train.jax_step import TrainState
 from resnet_tpu.train.metrics_log import MetricsLog
 from resnet_tpu.train.profiling import StepProfiler
 
+if TYPE_CHECKING:
+  from resnet_tpu.inputs.shard_audit import DataFaults
+  from resnet_tpu.train.checkpoints_jax import JaxCheckpoints
+
 Batches = Iterator[tuple[np.ndarray, ...]]
 # Called with each host loop's train record once it is logged.
 LoopCallback = Callable[[dict], None]
+
+
+def checkpoint_store(cfg: TrainConfig, model: keras.Model,
+                     optimizer: keras.optimizers.Optimizer,
+                     template: TrainState, chief: bool
+                     ) -> JaxCheckpoints | NpzCheckpoints:
+  """TensorFlow's checkpoint files (checkpoints_jax.py) where TensorFlow is
+  installed; .npz files (checkpoints_npz.py) where it is not, and in a
+  model_dir that already holds them (a run keeps its format)."""
+  if (checkpoint_paths.npz_checkpoints(cfg.model_dir)
+      or not files.tensorflow_installed()):
+    step_index = [v.path for v in optimizer.variables].index(
+        optimizer.iterations.path)
+    return NpzCheckpoints(cfg, template, step_index, chief)
+  # pylint: disable-next=g-import-not-at-top  (TensorFlow's)
+  from resnet_tpu.train.checkpoints_jax import JaxCheckpoints
+  return JaxCheckpoints(cfg, model, optimizer, cfg.model_dir, chief)
 
 
 class JaxTrainer:
@@ -75,8 +101,8 @@ class JaxTrainer:
     self.input_batches = 0  # global batches read from the training input
     self._faults = None
     self.chief = jax_processes.is_chief()
-    self.checkpoints = JaxCheckpoints(cfg, self.model, self.optimizer,
-                                      cfg.model_dir, self.chief)
+    self.checkpoints = checkpoint_store(cfg, self.model, self.optimizer,
+                                        self.step_fn.state(), self.chief)
     self.metrics = MetricsLog(cfg.model_dir, enabled=self.chief)
     self.save_timer = cadence.SaveTimer(cfg.run.checkpoint_every_minutes)
     self.profiler = StepProfiler(cfg.run.profile_range, cfg.model_dir,

@@ -19,7 +19,6 @@ import signal
 import threading
 
 from absl import logging
-import tensorflow as tf
 
 # The restart code TF itself uses for TPU and Borg preemption
 # (failure_handling_util.default_tpu_exit_fn, BorgTerminationConfig).
@@ -48,12 +47,6 @@ class Preempted(Restartable):
 class WorkerLost(Restartable):
   """A collective failed because another worker died or timed out."""
   exit_code = WORKER_LOST_EXIT_CODE
-
-
-# Errors a collective raises when a peer is gone: connection refused or
-# reset, coordination-service heartbeat timeout, collective timeout.
-PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.AbortedError,
-               tf.errors.DeadlineExceededError, tf.errors.CancelledError)
 
 
 class SigtermWatcher:
@@ -98,18 +91,3 @@ class SigtermWatcher:
   def received(self) -> bool:
     """Whether this process got SIGTERM."""
     return self._received.is_set()
-
-  def any_worker_received(self, strategy: tf.distribute.Strategy) -> bool:
-    """Whether any worker got SIGTERM: every worker must call this together.
-
-    On multi-worker strategies the flags are summed by one scalar all-reduce,
-    so all workers stop after the same host loop and save together (a
-    MultiWorkerMirroredStrategy checkpoint needs every worker).
-    """
-    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-      return self.received
-    flag = tf.constant(1.0 if self.received else 0.0)
-    per_replica = strategy.experimental_distribute_values_from_function(
-        lambda _: flag)
-    total = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-    return float(total) > 0

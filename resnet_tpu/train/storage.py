@@ -13,11 +13,15 @@ import time
 from typing import Callable, Sequence, TypeVar
 
 from absl import logging
-import tensorflow as tf
+
+from resnet_tpu import files
+from resnet_tpu.train import checkpoint_paths
 
 T = TypeVar("T")
-WRITE_RETRIED = frozenset({tf.errors.UNAVAILABLE, tf.errors.DEADLINE_EXCEEDED,
-                           tf.errors.ABORTED})
+# tf.errors' UNAVAILABLE, DEADLINE_EXCEEDED and ABORTED (the canonical codes
+# of tensorflow/core/protobuf/error_codes.proto), named here so that a run
+# without TensorFlow (files.py) can use this module.
+WRITE_RETRIED = frozenset({14, 4, 10})
 RETRY_DELAYS_S = (1.0, 4.0, 15.0, 60.0)
 
 
@@ -31,9 +35,9 @@ class StorageError(Exception):
 
   def __str__(self) -> str:
     try:
-      last = (tf.train.latest_checkpoint(self.model_dir)
+      last = (checkpoint_paths.latest(self.model_dir)
               or "none (no checkpoint is readable in the model_dir)")
-    except (tf.errors.OpError, OSError):
+    except files.errors():
       last = "unknown (the model_dir cannot be read)"
     return (f"Writing {self.what} to {self.path} failed: "
             f"{type(self.error).__name__}: {first_line(self.error)}. The "
@@ -54,7 +58,7 @@ def written(what: str, path: str, model_dir: str, write: Callable[[], T],
   for delay in (*delays_s, None):
     try:
       return write()
-    except (tf.errors.OpError, OSError) as error:
+    except files.errors() as error:
       code = getattr(error, "error_code", None)
       if code not in WRITE_RETRIED or delay is None:
         raise StorageError(what, path, error, model_dir) from error

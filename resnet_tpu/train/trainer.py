@@ -36,7 +36,9 @@ from resnet_tpu.train.metrics_log import MetricsLog
 from resnet_tpu.model.resnet import build_model
 from resnet_tpu.optim.optimizers import build_optimizer_from_config
 from resnet_tpu.inputs.shard_audit import DataFaults
+from resnet_tpu.parallel.strategy import any_worker
 from resnet_tpu.parallel.strategy import is_chief
+from resnet_tpu.parallel.strategy import PEER_ERRORS
 from resnet_tpu.train.train_step import make_accumulators
 from resnet_tpu.train.train_step import ReplicaStep
 
@@ -200,7 +202,7 @@ class Trainer:
     try:
       with preemption.SigtermWatcher() as sigterm:
         return self._train(train_iter, evaluate, sigterm)
-    except preemption.PEER_ERRORS as e:
+    except PEER_ERRORS as e:
       if not isinstance(self.strategy,
                         tf.distribute.MultiWorkerMirroredStrategy):
         raise
@@ -269,8 +271,8 @@ class Trainer:
                              start_step, total)
       loop_report.check_progress(stalled_loops, step,
                                  self.checkpoints.latest)
-      preempted = sigterm.any_worker_received(self.strategy) and step < total
-      timed = self.save_timer.due(self.strategy)
+      preempted = any_worker(self.strategy, sigterm.received) and step < total
+      timed = self.save_timer.due(lambda due: any_worker(self.strategy, due))
       do_save = plan.save_due(step) or timed
       do_eval = evaluate is not None and plan.eval_due(step)
       if self._bn_recomputer and (do_save or do_eval):

@@ -1,0 +1,104 @@
+"""Training on JAX where TensorFlow is not installed, as on the H200's
+image (issue 49): main.py run by without_tensorflow.py, which hides it.
+
+The run trains on --use_synthetic_data, writes .npz checkpoints
+(checkpoints_npz.py) and metrics.jsonl without TensorBoard, resumes after
+SIGTERM (exit 42), sets a damaged latest checkpoint aside, and names in one
+line each flag that needs TensorFlow, before start-up. Any import of
+TensorFlow on the way would fail the run.
+"""
+import json
+import os
+
+import pytest
+
+from main_runs import TINY
+from main_runs import WITHOUT_TENSORFLOW
+from main_runs import main
+from main_runs import ok
+from main_runs import records
+from main_runs import stopped_after
+
+
+def _main(*flags: str):
+  return main(*flags, script=WITHOUT_TENSORFLOW)
+
+
+def _saved(model_dir) -> list[str]:
+  return sorted(n for n in os.listdir(model_dir) if n.startswith("ckpt"))
+
+
+def test_sigterm_saves_an_npz_checkpoint_exits_42_and_the_next_run_resumes(
+    tmp_path):
+  flags = (*TINY, "--train_steps=400", "--steps_per_loop=2",
+           f"--model_dir={tmp_path}")
+  code, log = stopped_after("step 4/400", *flags, script=WITHOUT_TENSORFLOW)
+  assert code == 42, log[-3000:]
+  assert "No TensorBoard summaries: TensorFlow writes them" in log
+  saved = _saved(tmp_path)
+  assert len(saved) == 1 and saved[0].endswith(".npz"), saved
+  step = int(saved[0][len("ckpt-"):-len(".npz")])
+  assert [r["step"] for r in records(str(tmp_path), "train")] == list(
+      range(2, step + 1, 2))
+  assert not (tmp_path / "train").exists()  # no TensorBoard folder
+  code, log = stopped_after(f"step {step + 2}/400", *flags,
+                            script=WITHOUT_TENSORFLOW)
+  assert code == 42, log[-3000:]
+  assert (f"Restored {tmp_path}/ckpt-{step}.npz at step {step} (input at "
+          f"global batch {step})") in log
+  with open(tmp_path / "config.json") as f:
+    assert json.load(f)["backend"] == "jax"
+
+
+def test_a_damaged_latest_npz_checkpoint_is_set_aside_and_the_one_before_restored(
+    tmp_path):
+  flags = (*TINY, "--train_steps=4", "--steps_per_loop=2",
+           "--checkpoint_every_steps=2", "--keep_checkpoints=2",
+           f"--model_dir={tmp_path}")
+  ok(_main(*flags))
+  assert _saved(tmp_path) == ["ckpt-2.npz", "ckpt-4.npz"]
+  latest = tmp_path / "ckpt-4.npz"
+  latest.write_bytes(latest.read_bytes()[:1000])
+  log = ok(_main(*flags))
+  assert f"Checkpoint {tmp_path}/ckpt-4.npz is damaged" in log
+  assert f"Restored {tmp_path}/ckpt-2.npz at step 2" in log
+  assert (tmp_path / "damaged" / "ckpt-4.npz" / "ckpt-4.npz").is_file()
+  assert "step 4/4: loss" in log
+  assert _saved(tmp_path) == ["ckpt-2.npz", "ckpt-4.npz"]
+
+
+def _tensorflow_checkpoint(model_dir) -> str:
+  """A model_dir with a TensorFlow checkpoint's state file, as a run with
+  TensorFlow leaves it."""
+  os.makedirs(model_dir)
+  with open(os.path.join(model_dir, "checkpoint"), "w") as f:
+    f.write('model_checkpoint_path: "ckpt-8"\n'
+            'all_model_checkpoint_paths: "ckpt-8"\n')
+  return str(model_dir)
+
+
+@pytest.mark.parametrize("flags,message", [
+    (("--data_dir=/data/imagenet",), "--data_dir='/data/imagenet': reading "
+     "TFRecords needs TensorFlow, which is not installed here"),
+    (("--use_synthetic_data", "--export_dir=/tmp/export"),
+     "--export_dir='/tmp/export': the SavedModel is written by TensorFlow"),
+    (("--use_synthetic_data", "--init_checkpoint=/runs/a"),
+     "--init_checkpoint='/runs/a': it is read by TensorFlow"),
+    (("--use_synthetic_data", "--model_dir=gs://bucket/run"),
+     "--model_dir='gs://bucket/run': without TensorFlow's file systems"),
+    (("--use_synthetic_data", "TF_CHECKPOINT"), "holds TensorFlow "
+     "checkpoints (TF_DIR/ckpt-8), which need TensorFlow"),
+])
+def test_what_needs_tensorflow_gets_one_line_before_start_up(tmp_path, flags,
+                                                             message):
+  tf_dir = str(tmp_path / "tf_run")
+  flags = [f"--model_dir={_tensorflow_checkpoint(tf_dir)}"
+           if f == "TF_CHECKPOINT" else f for f in flags]
+  tiny = [f for f in TINY if f != "--use_synthetic_data"]
+  done = _main(*tiny, "--train_steps=4", f"--model_dir={tmp_path}/run",
+               *flags)
+  assert done.returncode == 1
+  last = done.stderr.strip().splitlines()[-1]
+  assert last.startswith("main.py: error: ") and message.replace(
+      "TF_DIR", tf_dir) in last, last
+  assert "Traceback" not in done.stderr
