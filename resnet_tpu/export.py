@@ -33,6 +33,7 @@ from resnet_tpu.inputs import class_list
 from resnet_tpu.inputs import preprocessing
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.model.resnet import build_model
+from resnet_tpu.train import checkpoint_paths
 from resnet_tpu.train.checkpointing import weights_module
 
 # Written by data/build_tfrecords.py next to the TFRecords.
@@ -56,16 +57,19 @@ def eval_crop_fraction(config: dict) -> float:
 
 
 def checkpoint_path(model_dir: str, checkpoint: str = "") -> str:
-  """`checkpoint` if given, else the latest checkpoint of `model_dir`."""
-  path = checkpoint or tf.train.latest_checkpoint(model_dir)
+  """`checkpoint` if given, else the latest checkpoint of `model_dir`
+  (TensorFlow's, or the .npz of a JAX run without TensorFlow)."""
+  path = checkpoint or checkpoint_paths.latest(model_dir)
   if not path:
     raise config_lib.ConfigError(
         f"--model_dir={model_dir!r} holds no checkpoint; train first or pass "
         "--checkpoint.")
-  if not tf.io.gfile.exists(path + ".index"):
+  npz = path.endswith(checkpoint_paths.NPZ_SUFFIX)
+  if not tf.io.gfile.exists(path if npz else path + ".index"):
     raise config_lib.ConfigError(
         f"--checkpoint={path!r} is not a checkpoint (expected {path}.index, "
-        f"e.g. {model_dir}/ckpt-100).")
+        f"e.g. {model_dir}/ckpt-100, or a .npz file: {model_dir}/"
+        "ckpt-100.npz).")
   return path
 
 
@@ -84,6 +88,9 @@ def restore_inference_model(config: dict, path: str) -> keras.Model:
   """
   cfg = config_from_record(config).replace(precision="float32")
   model = build_model(cfg.model, cfg.distribution)
+  if path.endswith(checkpoint_paths.NPZ_SUFFIX):
+    _restore_npz(model, path, config)
+    return model
   # A JAX run's checkpoint holds the weights in model order
   # (train/checkpoints_jax.py); read here through the same layout.
   saved = (weights_module(model.trainable_variables,
@@ -98,6 +105,26 @@ def restore_inference_model(config: dict, path: str) -> keras.Model:
         f"{config['resnet_depth']} of {config_lib.CONFIG_FILE}: "
         f"{error}") from error
   return model
+
+
+def _restore_npz(model: keras.Model, path: str, config: dict) -> None:
+  """Sets `model`'s variables from the .npz checkpoint of a JAX run
+  without TensorFlow (train/checkpoints_npz.py: each group's arrays in the
+  Keras model's variable order)."""
+  arrays = checkpoint_paths.read_npz(path)
+  for group, variables in (("trainable", model.trainable_variables),
+                           ("non_trainable", model.non_trainable_variables)):
+    count = sum(name.startswith(f"{group}_") for name in arrays)
+    for i, variable in enumerate(variables):
+      value = arrays.get(checkpoint_paths.npz_key(group, i))
+      if count != len(variables) or value is None or (
+          value.shape != tuple(variable.shape)):
+        raise config_lib.ConfigError(
+            f"checkpoint {path} does not match the ResNet-"
+            f"{config['resnet_depth']} of {config_lib.CONFIG_FILE}: its "
+            f"{count} {group} arrays are not the network's "
+            f"{len(variables)} (the first to differ: {variable.path}).")
+      variable.assign(value)
 
 
 class ServingModule(tf.Module):

@@ -36,6 +36,7 @@ from resnet_tpu import export
 from resnet_tpu.config import ConfigError
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.model.resnet import build_model
+from resnet_tpu.train import checkpoint_paths
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,17 +51,18 @@ def find_source(init_checkpoint: str) -> Source:
   a run (no checkpoint, no config.json beside it)."""
   if tf.io.gfile.isdir(init_checkpoint):
     model_dir = init_checkpoint
-    path = tf.train.latest_checkpoint(model_dir)
+    path = checkpoint_paths.latest(model_dir)
     if not path:
       raise ConfigError(f"--init_checkpoint={init_checkpoint!r} holds no "
                         "checkpoint (a run's model_dir or a checkpoint "
                         "prefix such as <model_dir>/ckpt-1000).")
   else:
     model_dir, path = os.path.dirname(init_checkpoint), init_checkpoint
-    if not tf.io.gfile.exists(path + ".index"):
+    npz = path.endswith(checkpoint_paths.NPZ_SUFFIX)
+    if not tf.io.gfile.exists(path if npz else path + ".index"):
       raise ConfigError(f"--init_checkpoint={init_checkpoint!r} is neither "
                         f"a folder nor a checkpoint prefix ({path}.index "
-                        "does not exist).")
+                        "does not exist) nor a JAX run's .npz checkpoint.")
   try:
     record = config_lib.read_config(model_dir)
   except ConfigError as error:

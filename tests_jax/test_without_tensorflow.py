@@ -9,11 +9,18 @@ TensorFlow on the way would fail the run.
 """
 import json
 import os
+import subprocess
+import sys
 
+import keras
+import numpy as np
 import pytest
 
+from main_runs import ROOT
+from main_runs import RUN_TIMEOUT_S
 from main_runs import TINY
 from main_runs import WITHOUT_TENSORFLOW
+from main_runs import env
 from main_runs import main
 from main_runs import ok
 from main_runs import records
@@ -65,6 +72,64 @@ def test_a_damaged_latest_npz_checkpoint_is_set_aside_and_the_one_before_restore
   assert (tmp_path / "damaged" / "ckpt-4.npz" / "ckpt-4.npz").is_file()
   assert "step 4/4: loss" in log
   assert _saved(tmp_path) == ["ckpt-2.npz", "ckpt-4.npz"]
+
+
+# Serves `images.npy` with a SavedModel; writes its logits to `logits.npy`.
+SERVE = """
+import sys
+import numpy as np
+import tensorflow as tf
+served = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
+logits = served(images=tf.constant(np.load(sys.argv[2])))["logits"]
+np.save(sys.argv[3], logits.numpy())
+"""
+
+
+def _network_of(model_dir) -> keras.Model:
+  """The network of a run without TensorFlow, built here on JAX, with its
+  latest checkpoint's weights (checkpoints_npz.py's layout)."""
+  # pylint: disable=g-import-not-at-top
+  from resnet_tpu import config as config_lib
+  from resnet_tpu.model.resnet import build_model
+  from resnet_tpu.train import checkpoint_paths
+  # pylint: enable=g-import-not-at-top
+  with open(os.path.join(model_dir, "config.json")) as f:
+    record = json.load(f)
+  cfg = config_lib.TrainConfig.from_flat(**{
+      k: v for k, v in record.items()
+      if k in {"model_dir", *config_lib.FLAG_FIELDS}})
+  model = build_model(cfg.model, cfg.distribution)
+  arrays = checkpoint_paths.read_npz(checkpoint_paths.latest(model_dir))
+  for group in ("trainable", "non_trainable"):
+    for i, variable in enumerate(getattr(model, f"{group}_variables")):
+      variable.assign(arrays[checkpoint_paths.npz_key(group, i)])
+  return model
+
+
+def test_its_checkpoints_export_where_tensorflow_is_and_serve_the_same(
+    tmp_path):
+  """tools/export_savedmodel.py, on TensorFlow, reads the .npz checkpoint
+  into the network TensorFlow builds: its SavedModel's logits are the
+  JAX-built network's."""
+  model_dir, export_dir = tmp_path / "run", tmp_path / "export"
+  ok(_main(*TINY, "--train_steps=4", "--steps_per_loop=2",
+           f"--model_dir={model_dir}"))
+  tensorflow = env(KERAS_BACKEND="tensorflow")
+  subprocess.run([sys.executable, "-m", "tools.export_savedmodel",
+                  f"--model_dir={model_dir}", f"--export_dir={export_dir}"],
+                 cwd=ROOT, env=tensorflow, check=True, capture_output=True,
+                 timeout=RUN_TIMEOUT_S)
+  images = np.random.default_rng(0).uniform(
+      0, 255, [4, 32, 32, 3]).astype(np.float32)
+  np.save(tmp_path / "images.npy", images)
+  subprocess.run([sys.executable, "-c", SERVE, str(export_dir),
+                  str(tmp_path / "images.npy"), str(tmp_path / "logits.npy")],
+                 cwd=ROOT, env=tensorflow, check=True, capture_output=True,
+                 timeout=RUN_TIMEOUT_S)
+  served = np.load(tmp_path / "logits.npy")
+  here = np.asarray(_network_of(str(model_dir))(images, training=False))
+  assert np.abs(served - here).max() <= 1e-4 * np.abs(here).max(), (
+      served, here)
 
 
 def _tensorflow_checkpoint(model_dir) -> str:
