@@ -12,7 +12,12 @@ CPU devices, fed numpy batches as jax_input.py feeds it:
   the two batches' forward passes in turn leave them;
 - --bn_stats=recompute (Akiba et al. 2017): the recomputed statistics of
   the first BN layer are the mean and variance of its input over every
-  image of the batches.
+  image of the batches;
+- storage and the wall clock as tests/test_storage_errors.py and
+  tests/test_reliability.py show them on TensorFlow: a checkpoint that
+  cannot be written ends the run in one line naming the last good one,
+  which restores, in either checkpoint store; the default
+  --checkpoint_every_minutes=10 saves without a step cadence.
 """
 import glob
 import os
@@ -20,12 +25,16 @@ import os
 import jax
 import keras
 import numpy as np
+import pytest
 
+from resnet_tpu import files
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.optim.optimizers import build_optimizer
 from resnet_tpu.model.resnet import build_model
 from resnet_tpu.parallel.bn_all_reduce_jax import build_mesh
+from resnet_tpu.train import cadence
 from resnet_tpu.train import jax_step
+from resnet_tpu.train import storage
 from resnet_tpu.train.jax_trainer import JaxTrainer
 from resnet_tpu.train.metrics_log import read_metrics
 
@@ -34,15 +43,15 @@ CLASSES = 10
 BATCH = 8
 
 
-def _trainer(model_dir: str, **flags) -> JaxTrainer:
+def _trainer(model_dir: str, loop_callback=None, **flags) -> JaxTrainer:
   """A tiny run's trainer on 2 devices, its weights drawn from seed 0."""
   cfg = TrainConfig(model_dir=model_dir).replace(
       backend="jax", resnet_depth=18, image_size=IMAGE, num_classes=CLASSES,
       global_batch_size=BATCH, num_train_images=BATCH * 10,
-      warmup_epochs=0, checkpoint_every_steps=0, checkpoint_every_minutes=0,
-      **flags)
+      **{"warmup_epochs": 0, "checkpoint_every_steps": 0,
+         "checkpoint_every_minutes": 0, **flags})
   keras.utils.set_random_seed(0)
-  return JaxTrainer(cfg, build_mesh(1, jax.devices()[:2]))
+  return JaxTrainer(cfg, build_mesh(1, jax.devices()[:2]), loop_callback)
 
 
 def _batches(count: int, nan_at: int | None = None
@@ -91,6 +100,57 @@ def test_profile_steps_records_the_loops_of_the_range(tmp_path):
   traces = glob.glob(os.path.join(tmp_path, "plugins", "profile", "*",
                                   "*.xplane.pb"))
   assert len(traces) == 1 and os.path.getsize(traces[0]) > 0, traces
+
+
+@pytest.mark.parametrize("store", ["tensorflow", "npz"])
+def test_a_checkpoint_that_cannot_be_written_ends_the_run_in_one_line(
+    tmp_path, monkeypatch, store):
+  """Either store (checkpoints_jax.py where TensorFlow is installed,
+  checkpoints_npz.py where it is not): ckpt-1 is written, ckpt-2's first
+  file cannot be."""
+  if store == "npz":
+    monkeypatch.setattr(files, "tensorflow_installed", lambda: False)
+  blocked = tmp_path / ("ckpt-2.index" if store == "tensorflow"
+                        else "ckpt-2.npz.partial")
+
+  def block_the_second_save(record):
+    if record["step"] == 1:
+      os.makedirs(blocked)
+
+  flags = dict(train_steps=4, steps_per_loop=1, checkpoint_every_steps=1)
+  trainer = _trainer(str(tmp_path), block_the_second_save, **flags)
+  with pytest.raises(storage.StorageError) as error:
+    trainer.fit(_input(*_batches(4)))
+  message = str(error.value)
+  last = f"{tmp_path}/ckpt-1{'.npz' if store == 'npz' else ''}"
+  assert "\n" not in message and message.startswith(
+      f"Writing a checkpoint to {tmp_path}"), message
+  assert f"The last good checkpoint is {last};" in message, message
+  assert _trainer(str(tmp_path), **flags).restore() == 1
+
+
+class _FakeClock:
+  """A monotonic clock that moves `minutes` each time it is read."""
+
+  def __init__(self, minutes: float):
+    self.seconds = 0.0
+    self.step_s = minutes * 60
+
+  def __call__(self) -> float:
+    self.seconds += self.step_s
+    return self.seconds
+
+
+def test_default_flags_checkpoint_within_ten_minutes_without_an_eval(
+    tmp_path):
+  """Each host loop reads the clock once: 4 minutes a loop; the timer
+  restarts (one more read) at the start and after each save."""
+  trainer = _trainer(str(tmp_path), train_steps=6, steps_per_loop=1,
+                     checkpoint_every_minutes=10.0)
+  trainer.save_timer = cadence.SaveTimer(10.0, now=_FakeClock(4))
+  trainer.fit(_input(*_batches(6)))
+  assert sorted(f for f in os.listdir(tmp_path) if f.endswith(".index")) == [
+      "ckpt-3.index", "ckpt-6.index"]
 
 
 def _close(got, want, rtol: float = 1e-5) -> None:
