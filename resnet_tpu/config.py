@@ -516,8 +516,6 @@ def validate(cfg: TrainConfig, num_replicas: int | None = None) -> None:
 # is refused, and why; the first refused is named. README "Running on JAX"
 # lists the same.
 JAX_UNSUPPORTED = (
-    ("precision", lambda v: v == "float16", "float16's dynamic loss "
-     "scaling is TensorFlow's; use bfloat16 or float32"),
     ("gradient_all_reduce", lambda v: v != "auto", "JAX sums gradients "
      "with one psum (XLA's all-reduce); use auto"),
     ("bn_all_reduce", lambda v: v != "auto", "JAX sums BN statistics with "

@@ -17,7 +17,11 @@ CPU devices, fed numpy batches as jax_input.py feeds it:
   tests/test_reliability.py show them on TensorFlow: a checkpoint that
   cannot be written ends the run in one line naming the last good one,
   which restores, in either checkpoint store; the default
-  --checkpoint_every_minutes=10 saves without a step cadence.
+  --checkpoint_every_minutes=10 saves without a step cadence;
+- --precision=float16 as tests/test_float16.py shows it on TensorFlow:
+  float16 compute on float32 weights, exact scaling, an overflowing step
+  skipped with S halved, S doubled after its growth steps, S resumed from
+  either checkpoint store, and a loss that stays NaN stops the run.
 """
 import glob
 import os
@@ -34,6 +38,7 @@ from resnet_tpu.model.resnet import build_model
 from resnet_tpu.parallel.bn_all_reduce_jax import build_mesh
 from resnet_tpu.train import cadence
 from resnet_tpu.train import jax_step
+from resnet_tpu.train import loop_report
 from resnet_tpu.train import storage
 from resnet_tpu.train.jax_trainer import JaxTrainer
 from resnet_tpu.train.metrics_log import read_metrics
@@ -215,3 +220,114 @@ def test_recomputed_bn_statistics_are_those_of_the_batches():
   np.testing.assert_allclose(np.asarray(bn.moving_variance),
                              inputs.var(axis=(0, 1, 2)), rtol=1e-3,
                              atol=1e-4)
+
+
+# --precision=float16 on JAX: the TensorFlow path's tests/test_float16.py.
+
+
+def _with_scale(trainer: JaxTrainer, scale: float,
+                growth_steps: int = 2000) -> JaxTrainer:
+  """`trainer` with its step scaling the loss by `scale` (float32 models
+  too: the scaling alone, without float16's underflow)."""
+  step = trainer.step_fn
+  trainer.step_fn = jax_step.JaxTrainStep(
+      trainer.model, trainer.optimizer, step.mesh, step.loss,
+      loss_scale=(scale, growth_steps))
+  trainer.reload_weights()
+  return trainer
+
+
+def _one_step(trainer: JaxTrainer, images, labels) -> None:
+  trainer.state, _ = trainer.step_fn.step(
+      trainer.state, *trainer.step_fn.shard_batch(images, labels))
+
+
+def _scale(trainer: JaxTrainer) -> tuple[float, int]:
+  scale, good_steps = jax.device_get(trainer.state.loss_scale)
+  return float(scale), int(good_steps)
+
+
+def test_float16_computes_in_float16_with_float32_weights(tmp_path):
+  trainer = _trainer(str(tmp_path), precision="float16")
+  conv = next(layer for layer in trainer.model.layers
+              if isinstance(layer, keras.layers.Conv2D))
+  assert (conv.compute_dtype, conv.kernel.dtype) == ("float16", "float32")
+  assert _scale(trainer) == (2.0 ** 15, 0)
+
+
+def test_scaled_gradients_give_the_step_of_unscaled_ones(tmp_path):
+  """S = 2**10 is a power of 2: scaling and unscaling are exact."""
+  images, labels = _batches(2)
+  plain = _trainer(str(tmp_path / "plain"), train_steps=2)
+  scaled = _with_scale(_trainer(str(tmp_path / "scaled"), train_steps=2),
+                       2.0 ** 10)
+  for trainer in (plain, scaled):
+    trainer.fit(_input(images, labels))
+  assert plain.step == scaled.step == 2
+  _close(scaled.state.trainable, plain.state.trainable, rtol=1e-6)
+
+
+def test_an_overflowing_step_is_skipped_and_halves_the_scale(tmp_path):
+  trainer = _trainer(str(tmp_path), precision="float16")
+  state = jax.device_get(trainer.state)
+  # Big enough that the float16 backward pass overflows.
+  trainer.state = trainer.step_fn.replicate(state._replace(
+      loss_scale=[np.float32(2.0 ** 40), np.int32(0)]))
+  images, labels = _batches(1)
+  _one_step(trainer, images[0], labels[0])
+  after = jax.device_get(trainer.state)
+  for got, want in zip(jax.tree.leaves(after[:3]), jax.tree.leaves(state[:3])):
+    np.testing.assert_array_equal(got, want)  # weights, BN, step count
+  assert _scale(trainer) == (2.0 ** 39, 0)
+
+
+def test_the_scale_doubles_after_growth_steps_finite_steps(tmp_path):
+  trainer = _with_scale(_trainer(str(tmp_path), precision="float16"),
+                        2.0 ** 10, growth_steps=2)
+  images, labels = _batches(3)
+  for i in range(3):
+    _one_step(trainer, images[i], labels[i])
+  assert _scale(trainer) == (2.0 ** 11, 1)
+
+
+@pytest.mark.parametrize("store", ["tensorflow", "npz"])
+def test_a_run_counts_skipped_steps_and_resumes_with_its_scale(
+    tmp_path, monkeypatch, store):
+  if store == "npz":
+    monkeypatch.setattr(files, "tensorflow_installed", lambda: False)
+  first = _with_scale(_trainer(str(tmp_path), precision="float16",
+                               train_steps=2, steps_per_loop=2), 2.0 ** 40)
+  first.fit(_input(*_batches(40)))
+  assert sum(r["skipped_steps"] for r in read_metrics(tmp_path)) >= 1
+  scale = _scale(first)
+  assert scale[0] < 2.0 ** 40
+  again = _trainer(str(tmp_path), precision="float16", train_steps=3)
+  assert again.restore() == 2
+  assert _scale(again) == scale
+
+
+@pytest.mark.parametrize("flags", [
+    {"precision": "float16"},  # skipped steps halve S to its floor of 1
+    {"skip_nonfinite_steps": True}])
+def test_a_loss_that_stays_nan_stops_the_run_instead_of_hanging(tmp_path,
+                                                                flags):
+  loops = []
+
+  def bounded(record):  # the hang this test guards against, bounded
+    loops.append(record)
+    assert len(loops) < 10, "still training after 10 loops of skipped steps"
+
+  trainer = _trainer(str(tmp_path), bounded, train_steps=1000,
+                     steps_per_loop=2, **flags)
+  if trainer.state.loss_scale:  # two halvings to the floor
+    trainer.state = trainer.step_fn.replicate(jax.device_get(
+        trainer.state)._replace(loss_scale=[np.float32(4.0), np.int32(0)]))
+  images, labels = _batches(40)
+  images[:] = np.nan
+  with pytest.raises(loop_report.NonFiniteLossError,
+                     match=r"last 3 host loops.*cannot pass step 0.*"
+                           r"checkpoint is \S*ckpt-0\. Restart"):
+    trainer.fit(_input(images, labels))
+  records = read_metrics(tmp_path)
+  assert [r["skipped_steps"] for r in records] == [2, 2, 2]
+  assert not any("loss" in r or "top1" in r for r in records)

@@ -204,8 +204,6 @@ def test_a_nan_loss_stops_a_jax_run_without_saving(tmp_path):
 
 
 @pytest.mark.parametrize("flag,message", [
-    ("--precision=float16", "--precision=float16 is not supported with "
-     "--backend=jax"),
     ("--gradient_all_reduce=ring", "--gradient_all_reduce=ring is not "
      "supported with --backend=jax"),
     ("--num_cpu_replicas=3", "--global_batch_size=8 must be divisible by "

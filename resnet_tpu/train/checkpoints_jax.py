@@ -42,7 +42,10 @@ class JaxCheckpoints:
 
   def __init__(self, cfg: TrainConfig, model: keras.Model,
                optimizer: keras.optimizers.Optimizer, directory: str,
-               chief: bool = True):
+               chief: bool = True, loss_scale: Sequence = ()):
+    """loss_scale: float16's initial [S, finite steps]
+    (TrainState.loss_scale), checkpointed beside the rest as the
+    TensorFlow path checkpoints its loss_scale.DynamicLossScale."""
     self._model = weights_module(_twins(model.trainable_variables),
                                  _twins(model.non_trainable_variables))
     self._optimizer = tf.Module()
@@ -52,12 +55,23 @@ class JaxCheckpoints:
     self._optimizer.iterations = self._optimizer.variables_[self._step_index]
     self.input_batches = tf.Variable(0, dtype=tf.int64, trainable=False,
                                      name="input_batches")
+    self._loss_scale = None
+    if len(loss_scale):
+      self._loss_scale = tf.Module()
+      self._loss_scale.scale = tf.Variable(np.float32(loss_scale[0]),
+                                           trainable=False, name="scale")
+      self._loss_scale.good_steps = tf.Variable(
+          np.int32(loss_scale[1]), trainable=False, name="good_steps")
     self.store = Checkpoints(cfg, self._model, self._optimizer,
-                             self.input_batches, directory, chief)
+                             self.input_batches, directory, chief,
+                             self._loss_scale)
 
-  def _groups(self) -> tuple[list, list, list]:
-    return (self._model.trainable, self._model.non_trainable,
-            self._optimizer.variables_)
+  def _groups(self) -> tuple[list, ...]:
+    groups = (self._model.trainable, self._model.non_trainable,
+              self._optimizer.variables_)
+    if self._loss_scale is None:
+      return groups
+    return (*groups, [self._loss_scale.scale, self._loss_scale.good_steps])
 
   def latest(self) -> str | None:
     return self.store.latest()

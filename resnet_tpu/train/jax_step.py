@@ -25,8 +25,10 @@ an eval batch's metrics over the replicas, its padding masked out.
 With --skip_nonfinite_steps such a step leaves no trace instead: the
 weights, the optimizer's variables (its step count among them) and the BN
 moving statistics keep their values, as train_step.ReplicaStep's
-_apply_if_finite. float16 (dynamic loss scaling) is TensorFlow's alone so
-far (config.JAX_UNSUPPORTED).
+_apply_if_finite. --precision=float16 scales the loss by the state's S
+and unscales the summed gradients; a step that overflows is skipped the
+same way, and S follows loss_scaling.next_scale (halved, or doubled after
+its growth steps), as on TensorFlow (loss_scale.py).
 
 Batch-size control (Mikami et al. 2018; `accumulated_step`): a larger
 global batch is k micro-batches of the fixed one, stacked [k, b, ...]. Each
@@ -57,15 +59,18 @@ from resnet_tpu.model.distributed_batch_norm import collect_statistics
 from resnet_tpu.model.distributed_batch_norm import (
     DistributedBatchNormalization)
 from resnet_tpu.parallel.bn_all_reduce_jax import REPLICA_AXES
+from resnet_tpu.train.loss_scaling import next_scale
 
 METRICS = ("loss", "top1", "top5", "examples")
 
 
 class TrainState(NamedTuple):
-  """The values of the model's and optimizer's variables, in their order."""
+  """The values of the model's and optimizer's variables, in their order;
+  float16's loss scale S and its finite steps (none otherwise)."""
   trainable: list
   non_trainable: list
   optimizer: list
+  loss_scale: list | tuple = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,8 +133,10 @@ class JaxTrainStep:
   def __init__(self, model: keras.Model,
                optimizer: keras.optimizers.Optimizer,
                mesh: jax.sharding.Mesh, loss: LossConfig,
-               skip_nonfinite: bool = False):
-    """skip_nonfinite: --skip_nonfinite_steps."""
+               skip_nonfinite: bool = False,
+               loss_scale: tuple[float, int] | None = None):
+    """skip_nonfinite: --skip_nonfinite_steps; loss_scale: float16's
+    (initial S, growth steps), None without loss scaling."""
     if keras.backend.backend() != "jax":
       raise RuntimeError("JaxTrainStep needs KERAS_BACKEND=jax.")
     if loss.global_batch_size % mesh.size:
@@ -139,7 +146,8 @@ class JaxTrainStep:
     self.optimizer = optimizer
     self.mesh = mesh
     self.loss = loss
-    self.skip_nonfinite = skip_nonfinite
+    self.loss_scale = loss_scale
+    self.skip_nonfinite = skip_nonfinite or loss_scale is not None
     optimizer.build(model.trainable_variables)
     self.decayed = decayed_indices(model) if loss.weight_decay else []
     self.replica_local = replica_local_indices(model)
@@ -179,10 +187,12 @@ class JaxTrainStep:
   def state(self) -> TrainState:
     """The variables' current values, replicated on every device (of
     every process: each must hold the same values)."""
+    scale = ([np.float32(self.loss_scale[0]), np.int32(0)]
+             if self.loss_scale else [])
     return self.replicate(TrainState(
         [v.value for v in self.model.trainable_variables],
         [v.value for v in self.model.non_trainable_variables],
-        [v.value for v in self.optimizer.variables]))
+        [v.value for v in self.optimizer.variables], scale))
 
   def replicate(self, state: TrainState) -> TrainState:
     """`state`'s values (host or device arrays, the same in every process)
@@ -212,7 +222,7 @@ class JaxTrainStep:
         variable.assign(value)
 
   def _replica_loss(self, trainable, non_trainable, images, labels,
-                    micro_batches: int = 1):
+                    micro_batches: int = 1, scale=1.0):
     logits, non_trainable = self.model.stateless_call(
         trainable, non_trainable, images, training=True)
     per_example, top1, top5, weight = losses_and_hits(
@@ -226,7 +236,8 @@ class JaxTrainStep:
       loss += self.loss.weight_decay * l2 / (replica_count() * micro_batches)
     sums = ops.stack([ops.sum(per_example), ops.sum(top1), ops.sum(top5),
                       ops.sum(weight)])
-    return loss, (non_trainable, sums)
+    # float16: scaled so that small gradients do not underflow.
+    return loss * scale, (non_trainable, sums)
 
   def _replica_gradients(self, state: TrainState, images, labels):
     """The gradients summed over all replicas, the non-trainable variables
@@ -238,6 +249,8 @@ class JaxTrainStep:
     grads, local, sums = jax.lax.psum((grads, local, sums), REPLICA_AXES)
     for i, value in zip(self.replica_local, local):
       non_trainable[i] = value
+    if self.loss_scale:
+      grads = [g / state.loss_scale[0] for g in grads]
     return grads, non_trainable, sums
 
   def _local_gradients(self, state: TrainState, images, labels):
@@ -246,8 +259,9 @@ class JaxTrainStep:
     non-trainable variables carried through them in order."""
     grad_fn = jax.grad(self._replica_loss, has_aux=True)
     if images.ndim == 4:  # one batch [b, S, S, 3]
+      scale = state.loss_scale[0] if self.loss_scale else 1.0
       grads, (non_trainable, sums) = grad_fn(
-          state.trainable, state.non_trainable, images, labels)
+          state.trainable, state.non_trainable, images, labels, 1, scale)
       return grads, non_trainable, sums
     micro_batches = images.shape[0]
 
@@ -273,10 +287,14 @@ class JaxTrainStep:
                                 for g in [sums[0]] + list(grads)]))
     metrics = dict(zip(METRICS, ops.unstack(sums)))
     metrics["nonfinite"] = 1.0 - ops.cast(finite, "float32")
-    new = TrainState(list(trainable), list(non_trainable), list(optimizer))
+    new = TrainState(list(trainable), list(non_trainable), list(optimizer),
+                     state.loss_scale)
     if self.skip_nonfinite:  # `finite` is the same on every replica
       new = jax.tree.map(lambda n, old: ops.where(finite, n, old), new,
                          state)
+    if self.loss_scale:
+      new = new._replace(loss_scale=list(next_scale(
+          *state.loss_scale, finite, self.loss_scale[1])))
     return new, metrics
 
   def recompute_statistics(self, state: TrainState, batches) -> TrainState:

@@ -5,8 +5,10 @@ host loops of --steps_per_loop steps that end at every eval and checkpoint
 step (cadence.StepCadence), checkpoints on the wall clock too, one
 metrics.jsonl record and log line per loop with the ETA (loop_report.py),
 SIGTERM checked between loops (a checkpoint, then exit 42: preemption.py),
-a NaN/Inf step stops the run without saving (--skip_nonfinite_steps: it
-is skipped, not counted), and --profile_steps records its host loops.
+a NaN/Inf step stops the run without saving (--skip_nonfinite_steps, and
+float16's loss scaling: it is skipped, not counted; host loops of nothing
+but skipped steps stop it: loop_report.check_progress), and
+--profile_steps records its host loops.
 
 What differs is the engine's own part:
 - a host loop is a Python loop of jitted steps (jax_step.JaxTrainStep),
@@ -44,6 +46,8 @@ from resnet_tpu.train import loop_report
 from resnet_tpu.train import preemption
 from resnet_tpu.train.checkpoints_npz import NpzCheckpoints
 from resnet_tpu.train.loop_result import LoopResult
+from resnet_tpu.train.loss_scaling import GROWTH_STEPS
+from resnet_tpu.train.loss_scaling import INITIAL_SCALE
 from resnet_tpu.train.jax_step import JaxTrainStep
 from resnet_tpu.train.jax_step import LossConfig
 from resnet_tpu.train.jax_step import TrainState
@@ -73,7 +77,8 @@ def checkpoint_store(cfg: TrainConfig, model: keras.Model,
     return NpzCheckpoints(cfg, template, step_index, chief)
   # pylint: disable-next=g-import-not-at-top  (TensorFlow's)
   from resnet_tpu.train.checkpoints_jax import JaxCheckpoints
-  return JaxCheckpoints(cfg, model, optimizer, cfg.model_dir, chief)
+  return JaxCheckpoints(cfg, model, optimizer, cfg.model_dir, chief,
+                        jax.device_get(template.loss_scale))
 
 
 class JaxTrainer:
@@ -95,7 +100,9 @@ class JaxTrainer:
         self.model, self.optimizer, mesh,
         LossConfig(cfg.model.num_classes, cfg.run.global_batch_size,
                    optim.label_smoothing, weight_decay),
-        skip_nonfinite=optim.skip_nonfinite_steps)
+        skip_nonfinite=optim.skip_nonfinite_steps,
+        loss_scale=((INITIAL_SCALE, GROWTH_STEPS)
+                    if cfg.model.precision == "float16" else None))
     self.reload_weights()
     self.step = 0
     self.input_batches = 0  # global batches read from the training input
@@ -223,6 +230,7 @@ class JaxTrainer:
     last = {}
     self.save_timer.restart()
     seconds_per_step = None  # the pace of the last loop (--max_loop_seconds)
+    stalled_loops = 0  # in a row, every step skipped
     while step < total:
       micro_batches = (run.clock.global_batch_at_step(step) //
                        run.global_batch_size)
@@ -236,12 +244,15 @@ class JaxTrainer:
       seconds = time.time() - t0
       seconds_per_step = seconds / n
       self.profiler.after_loop(step + n)
-      loop_report.check_finite(result, step, n,
-                               self.cfg.optim.skip_nonfinite_steps,
+      loop_report.check_finite(result, step, n, self.step_fn.skip_nonfinite,
                                self.checkpoints.latest)
+      stalled_loops = stalled_loops + 1 if loop_report.stalled(
+          result, n, self._loss_scale_at_floor) else 0
       step = self.step
       last = self._log_train(result, n * micro_batches, seconds, start_step,
                              total)
+      loop_report.check_progress(stalled_loops, step,
+                                 self.checkpoints.latest)
       sigterm_any, timer_due = jax_processes.gather(
           [sigterm.received, self.save_timer.due_here()]).any(axis=0)
       preempted = bool(sigterm_any) and step < total
@@ -258,6 +269,12 @@ class JaxTrainer:
       if preempted:
         raise preemption.Preempted.saved(step, total, path)
     return last
+
+  def _loss_scale_at_floor(self) -> bool:
+    """float16: whether the loss scale is 1 (skipped steps no longer lower
+    it); True without one."""
+    return (not self.state.loss_scale or
+            float(jax.device_get(self.state.loss_scale[0])) <= 1.0)
 
   @property
   def _recomputes_bn(self) -> bool:

@@ -6,9 +6,9 @@ multiplied by a scale S before the backward pass and the float32 gradients
 divided by S. A step whose loss or gradients are not finite on any replica
 is skipped (no update, BN statistics put back: ReplicaStep's skip path,
 counted as skipped steps) and S halves; after GROWTH_STEPS finite steps in
-a row S doubles. This is keras.optimizers.LossScaleOptimizer's dynamic rule
-and defaults, applied in the training step rather than by wrapping the
-optimizer in it. Any Keras optimizer, LARS included, could be wrapped;
+a row S doubles (loss_scaling.py, the rule both engines apply). This is
+keras.optimizers.LossScaleOptimizer's dynamic rule and defaults, applied in
+the training step rather than by wrapping the optimizer in it. Any Keras optimizer, LARS included, could be wrapped;
 the reasons are what keras.optimizers.LossScaleOptimizer does under a
 tf.distribute strategy (keras-team/keras v3.15.1,
 keras/src/optimizers/loss_scale_optimizer.py, `_tf_apply` and
@@ -33,8 +33,9 @@ checkpoint holds S, so a resumed run continues with it.
 """
 import tensorflow as tf
 
-INITIAL_SCALE = 2.0 ** 15
-GROWTH_STEPS = 2000
+from resnet_tpu.train.loss_scaling import GROWTH_STEPS
+from resnet_tpu.train.loss_scaling import INITIAL_SCALE
+from resnet_tpu.train.loss_scaling import next_scale
 
 
 class DynamicLossScale(tf.Module):
@@ -56,10 +57,8 @@ class DynamicLossScale(tf.Module):
   def update(self, finite: tf.Tensor) -> None:
     """After a step (replica context): halve S when it was not finite,
     double it after growth_steps finite steps in a row."""
-    good = tf.where(finite, self.good_steps + 1, tf.zeros_like(
-        self.good_steps))
-    grow = good >= self.growth_steps
-    scale = tf.where(finite, tf.where(grow, self.scale * 2.0, self.scale),
-                     tf.maximum(self.scale / 2.0, 1.0))
+    scale, good_steps = next_scale(self.scale.read_value(),
+                                   self.good_steps.read_value(), finite,
+                                   self.growth_steps)
     self.scale.assign(scale)
-    self.good_steps.assign(tf.where(grow, tf.zeros_like(good), good))
+    self.good_steps.assign(good_steps)
