@@ -1,6 +1,8 @@
 """Every path a user gives (data, model_dir, export, metrics) is read and
 written through tf.io.gfile, so gs:// and other TensorFlow filesystems work
-wherever a local path does."""
+wherever a local path does: directly, or through files.py, which falls
+back on Python's own calls only where TensorFlow is not installed (a JAX
+run on a local model_dir: tests/test_files.py)."""
 import ast
 import glob
 import os
@@ -15,6 +17,8 @@ CHECKED = ("resnet_tpu/*.py", "resnet_tpu/*/*.py", "data/*.py",
 HOST_FILES = ("resnet_tpu/runtime/cpu_kernels.py",
               "resnet_tpu/runtime/process_setup.py",
               "resnet_tpu/runtime/tpu_runtime.py")
+# The one place Python's file calls stand in for tf.io.gfile.
+WITHOUT_TENSORFLOW = "resnet_tpu/files.py"
 LOCAL_ONLY = {("", "open"), ("os", "listdir"), ("os", "remove"),
               ("os", "makedirs"), ("os", "walk"), ("os", "rename"),
               ("os.path", "exists"), ("os.path", "isdir"),
@@ -42,7 +46,7 @@ def test_user_paths_go_through_tf_io_gfile():
   offenders = []
   for path in paths:
     name = os.path.relpath(path, ROOT)
-    if name in HOST_FILES:
+    if name in HOST_FILES or name == WITHOUT_TENSORFLOW:
       continue
     with open(path) as f:
       tree = ast.parse(f.read())

@@ -3,8 +3,9 @@ image (issue 49): main.py run by without_tensorflow.py, which hides it.
 
 The run trains on --use_synthetic_data, writes .npz checkpoints
 (checkpoints_npz.py) and metrics.jsonl without TensorBoard, resumes after
-SIGTERM (exit 42), sets a damaged latest checkpoint aside, and names in one
-line each flag that needs TensorFlow, before start-up. Any import of
+SIGTERM (exit 42), sets a damaged latest checkpoint aside, refuses to
+resume with other settings, and names in one line each flag that needs
+TensorFlow, before start-up; its checkpoints export where TensorFlow is. Any import of
 TensorFlow on the way would fail the run.
 """
 import json
@@ -72,6 +73,12 @@ def test_a_damaged_latest_npz_checkpoint_is_set_aside_and_the_one_before_restore
   assert (tmp_path / "damaged" / "ckpt-4.npz" / "ckpt-4.npz").is_file()
   assert "step 4/4: loss" in log
   assert _saved(tmp_path) == ["ckpt-2.npz", "ckpt-4.npz"]
+  # Resumed with other settings, as on TensorFlow (preflight.check_resume).
+  done = _main(*flags, "--global_batch_size=16")
+  assert done.returncode == 1
+  assert done.stderr.strip().splitlines()[-1].startswith(
+      f"main.py: error: --model_dir='{tmp_path}' holds a run trained with "
+      "other settings: --global_batch_size=8 there, 16 here."), done.stderr
 
 
 # Serves `images.npy` with a SavedModel; writes its logits to `logits.npy`.
