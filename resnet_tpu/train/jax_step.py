@@ -188,7 +188,7 @@ class JaxTrainStep:
     """The variables' current values, replicated on every device (of
     every process: each must hold the same values)."""
     scale = ([np.float32(self.loss_scale[0]), np.int32(0)]
-             if self.loss_scale else [])
+             if self.loss_scale else ())
     return self.replicate(TrainState(
         [v.value for v in self.model.trainable_variables],
         [v.value for v in self.model.non_trainable_variables],
@@ -196,7 +196,11 @@ class JaxTrainStep:
 
   def replicate(self, state: TrainState) -> TrainState:
     """`state`'s values (host or device arrays, the same in every process)
-    replicated on every device of the mesh."""
+    replicated on every device of the mesh. No loss scale is always () (a
+    restored state's empty list too): a jitted step is traced for one
+    structure."""
+    state = state._replace(loss_scale=list(state.loss_scale)
+                           if len(state.loss_scale) else ())
     return jax.device_put(jax.tree.map(np.asarray, state), self.replicated)
 
   def shard_batch(self, *arrays):
