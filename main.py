@@ -26,6 +26,7 @@ from resnet_tpu import flags as resnet_flags
 from resnet_tpu.config import ConfigError
 from resnet_tpu.runtime import process_setup
 from resnet_tpu.runtime import tpu_runtime
+from resnet_tpu.train.preemption import WORKER_LOST_EXIT_CODE
 
 resnet_flags.define_flags()
 FLAGS = flags.FLAGS
@@ -105,13 +106,16 @@ def cli(argv: list[str]) -> None:
   """main, then the end of the process: a run on one host skips the
   interpreter's teardown (process_setup.exit_skipping_teardown), which
   would wait for the input iterators' release (train/iterators.py); a
-  multi-worker run ends normally, so its peers' shutdown can reach it."""
+  multi-worker run ends normally, so its peers' shutdown can reach it,
+  unless a peer is lost (exit 43): its shutdown would wait for that peer
+  (jax.distributed's, until the heartbeat timeout, then abort)."""
   code = 0
   try:
     main(argv)
   except SystemExit as stop:
     code = stop.code
-  if process_setup.startup_kind(FLAGS.strategy, FLAGS.tpu) == "multi_worker":
+  if (process_setup.startup_kind(FLAGS.strategy, FLAGS.tpu) == "multi_worker"
+      and code != WORKER_LOST_EXIT_CODE):
     sys.exit(code)
   process_setup.exit_skipping_teardown(code)
 

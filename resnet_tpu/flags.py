@@ -180,7 +180,11 @@ HELP = {
                             "multi-worker) that waits longer than this, so "
                             "a worker that hangs while alive stops the "
                             "others (exit 43); 0 = wait forever. Set it "
-                            "well above one host loop's time.",
+                            "well above one host loop's time. On JAX: the "
+                            "longest wait without a host loop, agreement, "
+                            "checkpoint or eval (train/watchdog.py); 0 = "
+                            "JAX's heartbeat timeout, 100 s, which aborts "
+                            "the others.",
     "cpu_onednn": "TensorFlow's oneDNN CPU kernels: auto (on when the model "
                   "runs on CPU devices: --strategy=cpu, or auto with no "
                   "--tpu, TF_CONFIG or visible NVIDIA GPU; else "

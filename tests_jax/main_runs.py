@@ -1,10 +1,14 @@
 """Runs of main.py on the JAX engine, as a user starts them, for the tests
-of training (test_training.py) and of several hosts (test_multi_host.py)."""
+of training (test_training.py) and of several hosts (test_multi_host.py,
+test_multi_host_failure.py)."""
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN_TIMEOUT_S = 900
@@ -44,17 +48,33 @@ def stopped_after(line: str, *flags: str,
                   script: str = "main.py") -> tuple[int, str]:
   """Runs main.py (or `script`) on JAX with `flags` until it logs `line`,
   then sends it SIGTERM; returns its exit code and log."""
+  code, log, _ = timed_stop(re.escape(line), *flags, script=script)
+  return code, log
+
+
+def timed_stop(pattern: str, *flags: str,
+               script: str = "main.py") -> tuple[int, str, float]:
+  """stopped_after's run, stopped at the first line that matches the
+  regular expression `pattern`; returns its exit code, its log and the
+  seconds from the SIGTERM to the exit."""
   process = subprocess.Popen(
       [sys.executable, script, "--backend=jax", *flags], cwd=ROOT,
       env=env(), stderr=subprocess.PIPE, text=True)
-  seen = []
+  seen, sent = [], None
+  deadline = time.time() + RUN_TIMEOUT_S
   for text in process.stderr:
     seen.append(text)
-    if line in text:
+    if time.time() > deadline:
+      process.kill()
+      raise AssertionError(f"no line matched {pattern!r} in "
+                           f"{RUN_TIMEOUT_S} s: {''.join(seen)[-3000:]}")
+    if re.search(pattern, text):
       process.send_signal(signal.SIGTERM)
+      sent = time.time()
       break
   seen.extend(process.stderr)
-  return process.wait(timeout=RUN_TIMEOUT_S), "".join(seen)
+  code = process.wait(timeout=RUN_TIMEOUT_S)
+  return code, "".join(seen), time.time() - (sent or time.time())
 
 
 def records(model_dir: str, split: str) -> list[dict]:
@@ -83,3 +103,42 @@ def make_demo_data(out: str) -> str:
     subprocess.run([sys.executable, "-m", *step], cwd=ROOT, env=env(),
                    check=True, capture_output=True, timeout=RUN_TIMEOUT_S)
   return f"{out}/tfrecords"
+
+
+def free_port() -> int:
+  """A free TCP port on 127.0.0.1 (for jax.distributed's coordinator)."""
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def hosts(args: list[list[str]], devices: int, logs: str,
+          first: int = 0) -> list[subprocess.Popen]:
+  """One process per `args` (its argv after the interpreter), each with
+  `devices` virtual CPU devices, logging to logs/process_{first + i}.log."""
+  environ = env(JAX_PLATFORMS="cpu", KERAS_BACKEND="jax",
+                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+  processes = []
+  for i, argv in enumerate(args, first):
+    with open(os.path.join(logs, f"process_{i}.log"), "w") as log:
+      processes.append(subprocess.Popen(
+          [sys.executable, *argv], cwd=ROOT, env=environ, text=True,
+          stdout=log, stderr=subprocess.STDOUT))
+  return processes
+
+
+def wait_all(processes: list[subprocess.Popen], logs: str,
+             first: int = 0) -> list[str]:
+  """Waits for `processes` (killing them all when one outlasts
+  RUN_TIMEOUT_S); returns their logs."""
+  try:
+    for process in processes:
+      process.wait(timeout=RUN_TIMEOUT_S)
+  finally:
+    for process in processes:
+      process.kill()
+  texts = []
+  for i in range(first, first + len(processes)):
+    with open(os.path.join(logs, f"process_{i}.log")) as f:
+      texts.append(f.read())
+  return texts

@@ -14,64 +14,25 @@ slice or a GPU cluster are.
 """
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 
 from main_runs import ROOT
-from main_runs import RUN_TIMEOUT_S
 from main_runs import TOP1_TOLERANCE
-from main_runs import env
+from main_runs import free_port
+from main_runs import hosts
 from main_runs import make_demo_data
 from main_runs import records
+from main_runs import wait_all
 
 # BN groups of 4 replicas (within a process) and 8 (across both).
 GROUPS = (4, 8)
 # Two processes of 4 devices against one of 8, both over gloo
 # (multi_host_step.py). Measured: bit-identical (0) on an AMD EPYC.
 NORM_TOLERANCE = 1e-6
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
-def _hosts(args: list[list[str]], devices: int, logs: str,
-           first: int = 0) -> list[subprocess.Popen]:
-  """One process per `args` (its argv after the interpreter), each with
-  `devices` virtual CPU devices, logging to logs/process_{first + i}.log."""
-  environ = env(JAX_PLATFORMS="cpu", KERAS_BACKEND="jax",
-                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
-  processes = []
-  for i, argv in enumerate(args, first):
-    with open(os.path.join(logs, f"process_{i}.log"), "w") as log:
-      processes.append(subprocess.Popen(
-          [sys.executable, *argv], cwd=ROOT, env=environ, text=True,
-          stdout=log, stderr=subprocess.STDOUT))
-  return processes
-
-
-def _wait(processes: list[subprocess.Popen], logs: str,
-          first: int = 0) -> list[str]:
-  """Waits for `processes` (killing them all when one outlasts
-  RUN_TIMEOUT_S); returns their logs."""
-  try:
-    for process in processes:
-      process.wait(timeout=RUN_TIMEOUT_S)
-  finally:
-    for process in processes:
-      process.kill()
-  texts = []
-  for i in range(first, first + len(processes)):
-    with open(os.path.join(logs, f"process_{i}.log")) as f:
-      texts.append(f.read())
-  return texts
 
 
 def _leaves(path: str) -> list[np.ndarray]:
@@ -85,13 +46,13 @@ def test_two_hosts_step_as_one_host(tmp_path):
   one, two = tmp_path / "one", tmp_path / "two"
   one.mkdir()
   two.mkdir()
-  port = str(_free_port())
-  processes = _hosts([[script, str(two), "2", str(i), port, *groups]
+  port = str(free_port())
+  processes = hosts([[script, str(two), "2", str(i), port, *groups]
                       for i in range(2)], 4, str(tmp_path))
-  logs = _wait(processes, str(tmp_path))
-  processes += _hosts([[script, str(one), "1", "0", str(_free_port()),
+  logs = wait_all(processes, str(tmp_path))
+  processes += hosts([[script, str(one), "1", "0", str(free_port()),
                         *groups]], 8, str(tmp_path), first=2)
-  logs += _wait(processes[2:], str(tmp_path), first=2)
+  logs += wait_all(processes[2:], str(tmp_path), first=2)
   for process, log in zip(processes, logs):
     assert process.returncode == 0, log[-3000:]
   worst = 0.0
@@ -138,17 +99,17 @@ def demo_data(tmp_path_factory) -> str:
 
 def test_two_hosts_train_stop_together_resume_and_learn(demo_data, tmp_path):
   model_dir, logs = str(tmp_path / "run"), str(tmp_path)
-  processes = _hosts(_demo(demo_data, model_dir, str(_free_port())), 2, logs)
+  processes = hosts(_demo(demo_data, model_dir, str(free_port())), 2, logs)
   _sigterm_when_logged(os.path.join(logs, "process_1.log"), "step 50/100",
                        processes[1])
-  stopped = _wait(processes, logs)
+  stopped = wait_all(processes, logs)
   assert [p.returncode for p in processes] == [42, 42], stopped[0][-3000:]
   assert "SIGTERM received" not in stopped[0]  # process 1's, agreed
   saved = sorted(n for n in os.listdir(model_dir) if n.endswith(".index"))
   assert saved == ["ckpt-50.index", "ckpt-75.index"], saved
   assert [r["step"] for r in records(model_dir, "train")] == [25, 50, 75]
 
-  resumed = _wait(_hosts(_demo(demo_data, model_dir, str(_free_port())), 2,
+  resumed = wait_all(hosts(_demo(demo_data, model_dir, str(free_port())), 2,
                          logs), logs)
   for log in resumed:
     assert f"Restored {model_dir}/ckpt-75 at step 75" in log, log[-3000:]

@@ -8,6 +8,13 @@ checkpointing.check_workers_agree), a JAX run agrees here, with one
 allgather of a few integers across the processes, as big_vision and flax
 do with jax.experimental.multihost_utils. With one process nothing is
 exchanged.
+
+A process that dies breaks the collective its peers are in (gloo and NCCL
+report the lost connection): lost_peer recognises the error and the trainer
+stops with exit 43 (preemption.WorkerLost), as TensorFlow's workers do. One
+that hangs while alive is caught by the trainer's watchdog
+(--collective_timeout_s, train/watchdog.py), or else by jax.distributed's
+heartbeat timeout, which aborts the other processes with JAX's own message.
 """
 from typing import Sequence
 
@@ -21,6 +28,19 @@ from resnet_tpu.config import DistributionConfig
 
 # How long process 0 waits for the others to join, and they for it.
 START_TIMEOUT_S = 300
+# jax.distributed's default: a process silent this long is dead, and the
+# coordination service aborts every other process (JAX's message, exit 134).
+HEARTBEAT_TIMEOUT_S = 100
+# With --collective_timeout_s the trainer's watchdog (train/watchdog.py)
+# comes first, by this much: it names the checkpoint and exits 43.
+_WATCHDOG_FIRST_S = 60
+# How a collective fails when another process died or stopped answering:
+# gloo (CPU) and NCCL (GPU) name themselves and the broken connection; the
+# coordination service and the TPU runtime answer with these status codes.
+_PEER_CODES = ("UNAVAILABLE:", "ABORTED:", "DEADLINE_EXCEEDED:",
+               "CANCELLED:")
+_PEER_WORDS = ("Gloo", "NCCL", "Connection reset", "Connection refused",
+               "heartbeat")
 
 
 def start(dist: DistributionConfig,
@@ -37,7 +57,9 @@ def start(dist: DistributionConfig,
         dist.process_id if given else None,
         # Flags given: no look for a cluster (Cloud TPU's asks a server).
         cluster_detection_method="deactivate" if given else None,
-        initialization_timeout=timeout_s)
+        initialization_timeout=timeout_s,
+        heartbeat_timeout_seconds=heartbeat_timeout_s(
+            dist.collective_timeout_s))
   except (RuntimeError, ValueError) as e:
     first = str(e).strip().splitlines()[0] if str(e).strip() else ""
     raise ConfigError(
@@ -50,9 +72,26 @@ def start(dist: DistributionConfig,
                jax.process_count())
 
 
+def heartbeat_timeout_s(collective_timeout_s: float) -> int:
+  """jax.distributed's heartbeat timeout: its default, or above
+  --collective_timeout_s so that the watchdog's exit 43 comes first."""
+  return int(max(HEARTBEAT_TIMEOUT_S,
+                 collective_timeout_s + _WATCHDOG_FIRST_S))
+
+
 def is_chief() -> bool:
   """Process 0 writes the run's files (config, metrics, checkpoints)."""
   return jax.process_index() == 0
+
+
+def lost_peer(error: Exception) -> bool:
+  """Whether `error` is a collective's failure because another process is
+  gone (never on one process: there is no other)."""
+  if (jax.process_count() == 1 or
+      not isinstance(error, jax.errors.JaxRuntimeError)):
+    return False
+  text = str(error)
+  return text.startswith(_PEER_CODES) or any(w in text for w in _PEER_WORDS)
 
 
 def gather(values: Sequence[int]) -> np.ndarray:

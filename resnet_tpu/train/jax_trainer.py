@@ -40,6 +40,7 @@ from resnet_tpu.config import TrainConfig
 from resnet_tpu.model.resnet import build_model
 from resnet_tpu.optim import optimizers
 from resnet_tpu.parallel import jax_processes
+from resnet_tpu.runtime import process_setup
 from resnet_tpu.train import cadence
 from resnet_tpu.train import checkpoint_paths
 from resnet_tpu.train import loop_report
@@ -53,6 +54,7 @@ from resnet_tpu.train.jax_step import LossConfig
 from resnet_tpu.train.jax_step import TrainState
 from resnet_tpu.train.metrics_log import MetricsLog
 from resnet_tpu.train.profiling import StepProfiler
+from resnet_tpu.train.watchdog import Watchdog
 
 if TYPE_CHECKING:
   from resnet_tpu.inputs.shard_audit import DataFaults
@@ -117,6 +119,8 @@ class JaxTrainer:
                                  jax.profiler.stop_trace)
     self._loop_callback = loop_callback
     self._start_time = time.time()
+    # --collective_timeout_s on several processes (fit arms it).
+    self._watchdog = Watchdog(0, self._stop_lost_peer)
 
   def reload_weights(self) -> None:
     """Starts the state from the Keras variables' values (fresh, or set by
@@ -157,17 +161,21 @@ class JaxTrainer:
     it is written."""
     path = self.checkpoints.save(self.state, self.input_batches)
     jax_processes.barrier(f"checkpoint at step {self.step}")
+    self._watchdog.alive()
     return path
 
   def evaluate(self, batches: Batches) -> dict:
     """Top-1/top-5 over every example of one pass of `batches` (padding
     masked out), with the current state."""
     start = time.time()
-    sums = [self.step_fn.evaluate(self.state,
-                                  *self.step_fn.shard_batch(*batch))
-            for batch in batches]
+    sums = []
+    for batch in batches:
+      sums.append(self.step_fn.evaluate(self.state,
+                                        *self.step_fn.shard_batch(*batch)))
+      self._watchdog.alive()
     total = {k: float(sum(s[k] for s in jax.device_get(sums)))
              for k in ("loss", "top1", "top5", "examples")}
+    self._watchdog.alive()
     seconds = time.time() - start
     n = max(total["examples"], 1.0)
     record = {"step": self.step, "split": "eval", "loss": total["loss"] / n,
@@ -195,24 +203,47 @@ class JaxTrainer:
     eval record (or the last train record without an eval set). A run
     restored at its last step only evaluates.
 
-    Raises preemption.Preempted after checkpointing on SIGTERM, and
-    loop_report.NonFiniteLossError, without saving, on a NaN/Inf loss or
-    gradient (unless --skip_nonfinite_steps).
+    Raises preemption.Preempted after checkpointing on SIGTERM,
+    preemption.WorkerLost when another process is gone
+    (jax_processes.lost_peer), and loop_report.NonFiniteLossError, without
+    saving, on a NaN/Inf loss or gradient (unless --skip_nonfinite_steps).
     """
     self._start_time = time.time()
     self._faults = faults
-    self.restore()
-    if self.input_batches:
-      logging.info("Training input resumes at global batch %d",
-                   self.input_batches)
-    batches = train_input(self.input_batches)
-    evaluate = (lambda: self.evaluate(eval_input())) if eval_input else None
     try:
-      with preemption.SigtermWatcher() as sigterm:
+      self.restore()
+      if self.input_batches:
+        logging.info("Training input resumes at global batch %d",
+                     self.input_batches)
+      batches = train_input(self.input_batches)
+      evaluate = ((lambda: self.evaluate(eval_input())) if eval_input
+                  else None)
+      timeout_s = (self.cfg.distribution.collective_timeout_s
+                   if jax.process_count() > 1 else 0)
+      self._watchdog = Watchdog(timeout_s, self._stop_lost_peer)
+      with preemption.SigtermWatcher() as sigterm, self._watchdog:
         return self._train(batches, evaluate, sigterm)
+    except jax.errors.JaxRuntimeError as e:
+      if not jax_processes.lost_peer(e):
+        raise
+      raise preemption.WorkerLost.after(
+          self.step, str(e).strip().splitlines()[0],
+          self.checkpoints.latest()) from e
     finally:
       self.profiler.stop()
       self.metrics.flush()
+
+  def _stop_lost_peer(self, waited_s: float) -> None:
+    """The watchdog's end of a run that waited `waited_s` for another
+    process: exit 43 naming the checkpoint to resume from (main.py's
+    WorkerLost exit, from the watchdog's thread: the main thread waits in
+    a collective)."""
+    stop = preemption.WorkerLost.after(
+        self.step, f"no host loop, agreement, checkpoint or eval finished "
+        f"in {waited_s:.0f} s, above --collective_timeout_s="
+        f"{self._watchdog.timeout_s:g}", self.checkpoints.latest())
+    logging.warning("%s", stop)
+    process_setup.exit_skipping_teardown(stop.exit_code)
 
   def _train(self, batches: Batches, evaluate: Callable[[], dict] | None,
              sigterm: preemption.SigtermWatcher) -> dict:
@@ -241,6 +272,7 @@ class JaxTrainer:
       self.profiler.before_loop(step, n)
       t0 = time.time()
       result = self._host_loop(batches, n, micro_batches)
+      self._watchdog.alive()  # armed from here: the first loop compiles
       seconds = time.time() - t0
       seconds_per_step = seconds / n
       self.profiler.after_loop(step + n)
@@ -255,6 +287,7 @@ class JaxTrainer:
                                  self.checkpoints.latest)
       sigterm_any, timer_due = jax_processes.gather(
           [sigterm.received, self.save_timer.due_here()]).any(axis=0)
+      self._watchdog.alive()
       preempted = bool(sigterm_any) and step < total
       do_eval = evaluate is not None and plan.eval_due(step)
       do_save = plan.save_due(step) or timer_due

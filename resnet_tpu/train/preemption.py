@@ -48,6 +48,14 @@ class WorkerLost(Restartable):
   """A collective failed because another worker died or timed out."""
   exit_code = WORKER_LOST_EXIT_CODE
 
+  @classmethod
+  def after(cls, step: int, cause: str, latest: str | None) -> "WorkerLost":
+    """The stop of either engine's trainer when a collective failed after
+    `step`; `cause` names the error, `latest` the checkpoint to resume."""
+    return cls(f"Lost contact with another worker after step {step} "
+               f"({cause}). Restart every worker with the same flags to "
+               f"resume from {latest or 'the start (no checkpoint yet)'}.")
+
 
 class SigtermWatcher:
   """Records SIGTERM while active; restores the previous handler on exit.

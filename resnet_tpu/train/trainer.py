@@ -206,11 +206,9 @@ class Trainer:
       if not isinstance(self.strategy,
                         tf.distribute.MultiWorkerMirroredStrategy):
         raise
-      raise preemption.WorkerLost(
-          f"Lost contact with another worker after step {self.step} "
-          f"({type(e).__name__}: {e.message.splitlines()[0]}). Restart "
-          "every worker with the same flags to resume from "
-          f"{self.checkpoints.latest()}.") from e
+      raise preemption.WorkerLost.after(
+          self.step, f"{type(e).__name__}: {e.message.splitlines()[0]}",
+          self.checkpoints.latest()) from e
     finally:
       owned = [train_iter]
       del train_iter

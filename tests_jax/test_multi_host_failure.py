@@ -1,0 +1,135 @@
+"""A lost process stops a multi-host JAX run with exit 43, as a lost worker
+stops TensorFlow's (tests/test_multi_worker_failure.py), and restarting
+every process resumes from the last checkpoint.
+
+Two jax.distributed processes on 127.0.0.1 train a small network on
+synthetic data. Once a checkpoint exists:
+- process 1 is killed (SIGKILL: a VM that vanishes). Process 0's step
+  fails in its all-reduce (gloo: connection reset); the trainer names the
+  checkpoint and exits 43 (jax_processes.lost_peer), without waiting for
+  jax.distributed's shutdown, which would wait for the dead process and
+  then abort. Both restarted, they resume from that checkpoint;
+- process 1 is stopped (SIGSTOP: alive, but it never answers). Process 0
+  waits in its all-reduce, in C++, until the watchdog of
+  --collective_timeout_s (train/watchdog.py) exits 43, before
+  jax.distributed's heartbeat timeout would abort it (exit 134).
+"""
+import os
+import re
+import signal
+import time
+
+from main_runs import free_port
+from main_runs import hosts
+from main_runs import wait_all
+
+# Start-up (two processes compiling on two cores) to the first checkpoint.
+STARTUP_TIMEOUT_S = 300
+# From the kill to process 0's exit: measured 1 s.
+DEAD_PEER_BOUND_S = 60
+# Above one host loop of this network on a loaded 2-core machine.
+COLLECTIVE_TIMEOUT_S = 30
+# From the stop to process 0's exit: the timeout, the watchdog's poll
+# (3 s here) and the exit. Measured: 31 s.
+HUNG_PEER_BOUND_S = COLLECTIVE_TIMEOUT_S + 30
+LOST = 43
+
+
+def _processes(model_dir: str, logs: str, train_steps: int, *extra: str,
+               first: int = 0):
+  port = free_port()
+  return hosts(
+      [["main.py", "--backend=jax", "--strategy=multi_worker",
+        f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
+        f"--process_id={i}", "--use_synthetic_data", "--resnet_depth=18",
+        "--image_size=32", "--num_classes=10", "--global_batch_size=4",
+        "--eval_batch_size=4", f"--train_steps={train_steps}",
+        "--steps_per_loop=5", "--checkpoint_every_steps=10",
+        "--checkpoint_every_minutes=0", "--lr_schedule=constant",
+        "--warmup_epochs=0", f"--model_dir={model_dir}", *extra]
+       for i in range(2)], 1, logs, first)
+
+
+def _checkpoint_step(model_dir: str) -> int:
+  steps = [int(m[1]) for m in map(re.compile(r"ckpt-(\d+)\.index$").search,
+                                  os.listdir(model_dir)) if m]
+  return max(steps, default=0)
+
+
+def _wait_for_checkpoint(model_dir: str, processes, logs: str) -> int:
+  deadline = time.time() + STARTUP_TIMEOUT_S
+  while not (os.path.isdir(model_dir) and _checkpoint_step(model_dir)):
+    if time.time() > deadline or any(p.poll() is not None
+                                     for p in processes):
+      for p in processes:
+        p.kill()
+      raise AssertionError(wait_all(processes, logs)[0][-3000:])
+    time.sleep(0.5)
+  return _checkpoint_step(model_dir)
+
+
+def _exit_after(process, bound_s: float) -> tuple[int, float]:
+  start = time.time()
+  code = process.wait(timeout=bound_s)
+  return code, time.time() - start
+
+
+def _end(processes) -> None:
+  for process in processes:
+    if process.poll() is None:
+      process.send_signal(signal.SIGCONT)  # a stopped process dies too
+      process.kill()
+      process.wait()
+
+
+def test_process_killed_stops_peer_with_43_and_restart_resumes(tmp_path):
+  model_dir, logs = str(tmp_path / "run"), str(tmp_path)
+  processes = _processes(model_dir, logs, 1_000_000)
+  try:
+    _wait_for_checkpoint(model_dir, processes, logs)
+    processes[1].kill()
+    code, seconds = _exit_after(processes[0], DEAD_PEER_BOUND_S)
+  finally:
+    _end(processes)
+  log = wait_all(processes, logs)[0]
+  saved = _checkpoint_step(model_dir)
+  assert code == LOST, log[-3000:]
+  assert re.search(r"Lost contact with another worker after step \d+ "
+                   r".*Gloo.*Restart every worker with the same flags to "
+                   rf"resume from {model_dir}/ckpt-{saved}\.", log), (
+                       log[-3000:])
+  print(f"process 0 exited {seconds:.1f} s after process 1 was killed")
+
+  # Both again, to 10 steps past the checkpoint (a deliberate change of
+  # length: config.json records it).
+  resumed = wait_all(_processes(
+      model_dir, logs, saved + 10, "--allow_config_change=train_steps",
+      first=2), logs, first=2)
+  for text in resumed:
+    assert f"Restored {model_dir}/ckpt-{saved} at step {saved}" in text, (
+        text[-3000:])
+  assert _checkpoint_step(model_dir) == saved + 10
+
+
+def test_process_that_hangs_stops_peer_within_collective_timeout(tmp_path):
+  model_dir, logs = str(tmp_path / "run"), str(tmp_path)
+  processes = _processes(model_dir, logs, 1_000_000,
+                         f"--collective_timeout_s={COLLECTIVE_TIMEOUT_S}")
+  try:
+    _wait_for_checkpoint(model_dir, processes, logs)
+    processes[1].send_signal(signal.SIGSTOP)
+    code, seconds = _exit_after(processes[0], HUNG_PEER_BOUND_S)
+    assert processes[1].poll() is None  # alive, only stuck
+  finally:
+    _end(processes)
+  log = wait_all(processes, logs)[0]
+  assert code == LOST, log[-3000:]
+  assert re.search(
+      r"Lost contact with another worker after step \d+ \(no host loop, "
+      r"agreement, checkpoint or eval finished in \d+ s, above "
+      rf"--collective_timeout_s={COLLECTIVE_TIMEOUT_S}\)\. Restart every "
+      rf"worker with the same flags to resume from {model_dir}/ckpt-"
+      rf"{_checkpoint_step(model_dir)}\.", log), log[-3000:]
+  # Counted from the last progress, a host loop before the stop at most.
+  assert seconds >= COLLECTIVE_TIMEOUT_S - 5
+  print(f"process 0 exited {seconds:.1f} s after process 1 was stopped")
