@@ -32,6 +32,7 @@ from main_runs import make_demo_data
 from main_runs import ok
 from main_runs import records
 from main_runs import stopped_after
+from main_runs import timed_stop
 
 
 @pytest.fixture(scope="module")
@@ -176,6 +177,26 @@ def test_sigterm_saves_exits_42_and_the_next_run_resumes(tmp_path):
   code, log = stopped_after(f"step {step + 2}/400", *flags)
   assert code == 42, log[-3000:]
   assert f"Restored {tmp_path}/ckpt-{step} at step {step}" in log
+
+
+def test_sigterm_is_answered_within_max_loop_seconds_whatever_the_loop(
+    tmp_path):
+  """Spot machines (issue 50), as tests/test_reliability.py on TensorFlow:
+  with --steps_per_loop=100000 and --max_loop_seconds=1 the checkpoint is
+  written within seconds of SIGTERM, not after 100,000 steps."""
+  # The first loops take 1 step each (the first compiles); from the third
+  # on, as many as fit in a second at the last loop's pace.
+  code, log, exited = timed_stop(
+      r"step ([3-9]|\d\d+)/1000000:", *TINY, "--train_steps=1000000",
+      "--steps_per_loop=100000", "--max_loop_seconds=1",
+      f"--model_dir={tmp_path}")
+  assert code == 42, log[-3000:]
+  saved = [n for n in os.listdir(tmp_path) if n.endswith(".index")]
+  assert len(saved) == 1, saved
+  step = int(saved[0].split("-")[1].split(".")[0])
+  assert 3 <= step < 1000, step
+  assert exited < 20, exited
+  print(f"checkpoint at step {step}, exit {exited:.1f} s after SIGTERM")
 
 
 def test_a_damaged_latest_checkpoint_is_set_aside_and_the_one_before_restored(
