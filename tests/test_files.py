@@ -74,3 +74,9 @@ def test_the_retried_write_errors_are_tensorflows_codes():
   assert storage.WRITE_RETRIED == {tf.errors.UNAVAILABLE,
                                    tf.errors.DEADLINE_EXCEEDED,
                                    tf.errors.ABORTED}
+
+
+def test_the_retried_read_errors_are_tensorflows_codes():
+  assert storage.READ_RETRIED == {
+      tf.errors.UNAVAILABLE, tf.errors.DEADLINE_EXCEEDED, tf.errors.ABORTED,
+      tf.errors.RESOURCE_EXHAUSTED, tf.errors.INTERNAL}

@@ -22,9 +22,9 @@ from tensorflow.python.checkpoint import checkpoint_management
 
 from conftest import cpu_strategy
 from resnet_tpu.train import cadence
-from resnet_tpu.train import checkpointing
 from resnet_tpu.train import loop_report
 from resnet_tpu.train import preemption
+from resnet_tpu.train import storage
 from resnet_tpu.train import trainer as trainer_lib
 from resnet_tpu.config import ConfigError
 from resnet_tpu.config import TrainConfig
@@ -318,7 +318,7 @@ def test_a_persistent_transient_error_stops_naming_it_and_moves_nothing(
       None, None, "deadline exceeded reading gs://b/ckpt-3.index"))
   trainer = _trainer(_config(tmp_path, train_steps=3), cpu_strategy(1))
   trainer.checkpoints.retry_delays_s = (0.0, 0.0)
-  with pytest.raises(checkpointing.CheckpointUnavailable,
+  with pytest.raises(storage.CheckpointUnavailable,
                      match=r"ckpt-3: DeadlineExceededError: deadline "
                      r"exceeded .*tried 3 times.*nothing was moved") as error:
     trainer.restore()

@@ -6,6 +6,7 @@ import pytest
 from resnet_tpu import files
 from resnet_tpu.config import ConfigError
 from resnet_tpu.config import TrainConfig
+from resnet_tpu.train import checkpoint_paths
 from resnet_tpu.train.checkpoints_npz import NpzCheckpoints
 from resnet_tpu.train.jax_step import TrainState
 from resnet_tpu.train import storage
@@ -83,17 +84,21 @@ def test_a_save_cut_short_leaves_the_previous_checkpoint_the_latest(
   assert (path, input_batches) == (f"{tmp_path}/ckpt-1.npz", 1)
 
 
+def _damage(path, saved: TrainState) -> None:
+  """Flips a byte of `saved`'s first array in its file at `path`: that
+  member's CRC-32 fails."""
+  data = bytearray(path.read_bytes())
+  data[bytes(data).index(saved.trainable[0].tobytes()) + 5] ^= 0xFF
+  path.write_bytes(bytes(data))
+
+
 def test_a_damaged_checkpoint_is_set_aside_and_the_one_before_restored(
     tmp_path):
   store = _store(tmp_path)
   for step in (1, 2):
     store.save(_state(step, seed=step), input_batches=step)
   latest = tmp_path / "ckpt-2.npz"
-  data = bytearray(latest.read_bytes())
-  # A flipped byte in an array's values: that member's CRC-32 fails.
-  at = bytes(data).index(_state(2, seed=2).trainable[0].tobytes())
-  data[at + 5] ^= 0xFF
-  latest.write_bytes(bytes(data))
+  _damage(latest, _state(2, seed=2))
   path, state, _ = store.restore()
   assert path == f"{tmp_path}/ckpt-1.npz"
   assert _equal(state, _state(1, seed=1))
@@ -115,3 +120,67 @@ def test_another_networks_checkpoint_is_a_config_error(tmp_path):
                      "this run .* its arrays differ"):
     _store(tmp_path, width=4).restore()
   assert (tmp_path / "ckpt-1.npz").exists()  # not taken for damage
+
+
+def test_a_checkpoint_damaged_again_is_set_aside_beside_the_first(tmp_path):
+  store = _store(tmp_path)
+  store.save(_state(1), input_batches=1)
+  for seed in (2, 3):  # ckpt-2 written, damaged, restored past, rewritten
+    store.save(_state(2, seed=seed), input_batches=2)
+    _damage(tmp_path / "ckpt-2.npz", _state(2, seed=seed))
+    assert store.restore()[0] == f"{tmp_path}/ckpt-1.npz"
+  first = tmp_path / "damaged" / "ckpt-2.npz" / "ckpt-2.npz"
+  second = tmp_path / "damaged" / "ckpt-2.npz.2" / "ckpt-2.npz"
+  assert first.is_file() and second.is_file()
+  assert first.read_bytes() != second.read_bytes()  # neither overwritten
+
+
+class _Unavailable(OSError):
+  """What tf.io.gfile raises for a bucket's 503 (tf.errors.UNAVAILABLE)."""
+  error_code = 14
+
+
+def _read_fails(monkeypatch, times: int) -> list[str]:
+  """read_npz raises _Unavailable `times` times, then reads; returns the
+  paths it was called with."""
+  calls, real = [], checkpoint_paths.read_npz
+
+  def read(path):
+    calls.append(path)
+    if len(calls) <= times:
+      raise _Unavailable("503 Service Unavailable")
+    return real(path)
+
+  monkeypatch.setattr(checkpoint_paths, "read_npz", read)
+  return calls
+
+
+def _listing(tmp_path) -> list[str]:
+  return sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+
+
+def test_a_transient_read_error_is_retried_and_moves_nothing(
+    tmp_path, monkeypatch):
+  _store(tmp_path).save(_state(1), input_batches=1)
+  before = _listing(tmp_path)
+  calls = _read_fails(monkeypatch, 1)
+  store = _store(tmp_path)
+  store.retry_delays_s = (0.0,)
+  path, state, _ = store.restore()
+  assert path == f"{tmp_path}/ckpt-1.npz" and _equal(state, _state(1))
+  assert calls == [path, path]
+  assert _listing(tmp_path) == before
+
+
+def test_a_persistent_transient_error_stops_naming_it_and_moves_nothing(
+    tmp_path, monkeypatch):
+  _store(tmp_path).save(_state(1), input_batches=1)
+  before = _listing(tmp_path)
+  _read_fails(monkeypatch, 100)
+  store = _store(tmp_path)
+  store.retry_delays_s = (0.0, 0.0)
+  with pytest.raises(storage.CheckpointUnavailable,
+                     match=r"ckpt-1.npz: _Unavailable: 503 Service "
+                     r"Unavailable \(tried 3 times\).*nothing was moved"):
+    store.restore()
+  assert _listing(tmp_path) == before

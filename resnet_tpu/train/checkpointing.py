@@ -17,7 +17,6 @@ checkpoint and the error, and moves nothing. Each worker restores on its
 own, so all then compare what they restored (`check_workers_agree`).
 """
 import os
-import time
 from typing import Sequence
 
 from absl import logging
@@ -31,9 +30,7 @@ from resnet_tpu.train import storage
 
 # Error codes of a filesystem that may pass: retried, never taken for
 # damage. (The checkpoint reader raises plain OpErrors: codes, not classes.)
-TRANSIENT_CODES = frozenset({
-    tf.errors.UNAVAILABLE, tf.errors.DEADLINE_EXCEEDED, tf.errors.ABORTED,
-    tf.errors.RESOURCE_EXHAUSTED, tf.errors.INTERNAL})
+TRANSIENT_CODES = storage.READ_RETRIED
 # What damaged files raise: a checksum or framing error, a truncated or
 # missing file. The reader reports an index cut short ("not an sstable (bad
 # magic number)") as UNKNOWN.
@@ -42,11 +39,6 @@ DAMAGE_CODES = frozenset({tf.errors.DATA_LOSS, tf.errors.NOT_FOUND,
 # Seconds between the attempts at a read that failed with a TRANSIENT_ERROR
 # (and at a save: storage.py).
 RETRY_DELAYS_S = storage.RETRY_DELAYS_S
-
-
-class CheckpointUnavailable(ConfigError):
-  """A checkpoint stayed unreadable through every retry of an error that
-  may be transient; nothing was moved."""
 
 
 class RestoreMismatch(ConfigError):
@@ -160,8 +152,8 @@ class Checkpoints:
     (None: nothing to restore, a fresh run).
 
     Raises ConfigError when the checkpoints belong to another network or
-    every checkpoint is damaged, CheckpointUnavailable when a transient
-    error outlasts its retries.
+    every checkpoint is damaged, storage.CheckpointUnavailable when a
+    transient error outlasts its retries.
     """
     candidates = self._candidates()
     damaged = []
@@ -204,28 +196,9 @@ class Checkpoints:
     return None
 
   def _retried(self, path: str, read) -> Exception | None:
-    """Calls `read` until it raises no TRANSIENT_CODES error; returns what
-    else it raised (None: it succeeded). Raises CheckpointUnavailable when
-    the transient error outlasts every delay of `retry_delays_s`."""
-    for delay in (*self.retry_delays_s, None):
-      try:
-        read()
-        return None
-      except Exception as e:  # pylint: disable=broad-except
-        if _code(e) not in TRANSIENT_CODES:
-          return e
-        if delay is None:
-          raise CheckpointUnavailable(
-              f"--model_dir={self.cfg.model_dir!r}: cannot read checkpoint "
-              f"{path}: {type(e).__name__}: {_first_line(e)} (tried "
-              f"{len(self.retry_delays_s) + 1} times). This error may be "
-              "transient (storage unavailable or overloaded); nothing was "
-              "moved or changed. Run the same command again once the "
-              "storage answers.") from e
-        logging.warning("Reading checkpoint %s failed (%s: %s); retrying in "
-                        "%g s.", path, type(e).__name__, _first_line(e), delay)
-        time.sleep(delay)
-    return None
+    """storage.read_retried over `retry_delays_s`."""
+    return storage.read_retried(path, self.cfg.model_dir, read,
+                                self.retry_delays_s)
 
   def _candidates(self) -> list[str]:
     """The checkpoints of the state file, newest first."""

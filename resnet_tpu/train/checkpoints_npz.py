@@ -14,7 +14,9 @@ position. What TensorFlow's store gives a run, this one gives too:
   error) is damaged: it is moved to damaged/ and named, and the one before
   it restores; every one damaged is a ConfigError, as is a checkpoint of
   another network (other variables or shapes);
-- a failed write ends the run in one line (storage.written).
+- a failed write ends the run in one line (storage.written); a read that
+  fails with an error that may pass is retried, then stops the run in one
+  line, moving nothing (storage.read_retried).
 Process 0 writes (parallel/jax_processes.py); every process reads.
 """
 import io
@@ -56,6 +58,7 @@ class NpzCheckpoints:
                     for i, value in enumerate(values)}
     self._counts = [len(values) for values in template]
     self._step_index = step_index
+    self.retry_delays_s = storage.RETRY_DELAYS_S  # of a read (tests: 0)
 
   def latest(self) -> str | None:
     found = checkpoint_paths.npz_checkpoints(self.directory)
@@ -103,14 +106,20 @@ class NpzCheckpoints:
     (None, None, 0 for a fresh run)."""
     damaged = []
     for path in reversed(checkpoint_paths.npz_checkpoints(self.directory)):
-      try:
-        arrays = checkpoint_paths.read_npz(path)
-      except DAMAGE as error:
+      read = []
+      error = storage.read_retried(
+          path, self.directory,
+          lambda p=path: read.append(checkpoint_paths.read_npz(p)),
+          self.retry_delays_s)
+      if isinstance(error, DAMAGE):
         damaged.append(path)
         logging.warning("Checkpoint %s is damaged (%s: %s); trying the "
                         "previous one.", path, type(error).__name__,
                         storage.first_line(error))
         continue
+      if error is not None:
+        raise error
+      arrays = read[0]
       state = self._state(path, arrays)
       if damaged:
         self._set_aside(damaged, path)

@@ -1,4 +1,5 @@
-"""Writes to the model_dir that fail end the run in one line (issue 37).
+"""Writes to the model_dir that fail end the run in one line (issue 37);
+reads of a checkpoint that fail for a while are retried.
 
 A checkpoint, a metrics record, config.json or the export can fail to write:
 a full disk, a model_dir removed or made unwritable, a bucket that stops
@@ -8,6 +9,8 @@ any other, or one that outlasts the retries, raises StorageError: one line
 naming what was written, where, the error and the last good checkpoint.
 tf.train.CheckpointManager writes a checkpoint's state file only after its
 data, so a save that fails leaves the previous checkpoint the latest.
+Reading a checkpoint retries READ_RETRIED errors with the same backoff and
+then stops with CheckpointUnavailable, for either engine's store.
 """
 import time
 from typing import Callable, Sequence, TypeVar
@@ -15,6 +18,7 @@ from typing import Callable, Sequence, TypeVar
 from absl import logging
 
 from resnet_tpu import files
+from resnet_tpu.config import ConfigError
 from resnet_tpu.train import checkpoint_paths
 
 T = TypeVar("T")
@@ -22,7 +26,15 @@ T = TypeVar("T")
 # of tensorflow/core/protobuf/error_codes.proto), named here so that a run
 # without TensorFlow (files.py) can use this module.
 WRITE_RETRIED = frozenset({14, 4, 10})
+# A read also retries RESOURCE_EXHAUSTED and INTERNAL (a bucket's 429 and
+# 500); a write does not, as it may have left part of a file.
+READ_RETRIED = WRITE_RETRIED | {8, 13}
 RETRY_DELAYS_S = (1.0, 4.0, 15.0, 60.0)
+
+
+class CheckpointUnavailable(ConfigError):
+  """A checkpoint stayed unreadable through every retry of an error that
+  may be transient; nothing was moved."""
 
 
 class StorageError(Exception):
@@ -49,6 +61,33 @@ class StorageError(Exception):
 def first_line(error: Exception) -> str:
   text = getattr(error, "message", None) or str(error)
   return text.strip().splitlines()[0] if text.strip() else repr(error)
+
+
+def read_retried(path: str, model_dir: str, read: Callable[[], object],
+                 delays_s: Sequence[float] = RETRY_DELAYS_S
+                 ) -> Exception | None:
+  """Calls `read` (of the checkpoint `path`) until it raises no
+  READ_RETRIED error; returns what else it raised (None: it succeeded).
+  Raises CheckpointUnavailable when the error outlasts every delay."""
+  for delay in (*delays_s, None):
+    try:
+      read()
+      return None
+    except Exception as e:  # pylint: disable=broad-except
+      if getattr(e, "error_code", None) not in READ_RETRIED:
+        return e
+      if delay is None:
+        raise CheckpointUnavailable(
+            f"--model_dir={model_dir!r}: cannot read checkpoint {path}: "
+            f"{type(e).__name__}: {first_line(e)} (tried "
+            f"{len(delays_s) + 1} times). This error may be transient "
+            "(storage unavailable or overloaded); nothing was moved or "
+            "changed. Run the same command again once the storage "
+            "answers.") from e
+      logging.warning("Reading checkpoint %s failed (%s: %s); retrying in "
+                      "%g s.", path, type(e).__name__, first_line(e), delay)
+      time.sleep(delay)
+  raise AssertionError("unreachable")
 
 
 def written(what: str, path: str, model_dir: str, write: Callable[[], T],
