@@ -1,7 +1,10 @@
 """One process of a multi-host JAX run of engine_cases' float32 step: three
 training steps at each BN group size, each process feeding its share of
 every global batch (test_multi_host.py starts two, and one alone on as
-many devices, and compares them).
+many devices, and compares them). Then, at the last group size, the other
+paths of the step: one step of two micro-batches (batch-size control), two
+steps with float16's loss scaling (S = 2^10, doubled after 2 finite steps)
+and BN statistics recomputed from two batches (--bn_stats=recompute).
 
 usage: multi_host_step.py OUT_DIR NUM_PROCESSES PROCESS_ID PORT GROUP...
 Process 0 also writes the initial weights. Run with JAX_PLATFORMS=cpu and
@@ -21,6 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))))
 
 STEPS = 3
+# The loss scale's (initial S, growth steps) in the last case.
+LOSS_SCALE = (2.0 ** 10, 2)
 
 
 def host_rows(num_processes: int, process_id: int, rows: int) -> slice:
@@ -62,6 +67,25 @@ def main(out_dir: str, num_processes: int, process_id: int, port: int,
                                                     labels[rows]))
     np.savez(os.path.join(out_dir, f"after_g{group}_p{process_id}.npz"),
              *jax.device_get(jax.tree.leaves(state)))
+  # The same network and weights, on through the step's other paths.
+  step = jax_step.JaxTrainStep(
+      model, build_optimizer("momentum", cases.LEARNING_RATE),
+      build_mesh(groups[-1], jax.devices()),
+      jax_step.LossConfig(cfg.model.num_classes, cfg.run.global_batch_size,
+                          cfg.optim.label_smoothing, cfg.optim.weight_decay),
+      loss_scale=LOSS_SCALE)
+  step.write_back(state)
+  state = step.state()
+  micro = [cases.batch("float32", seed) for seed in (STEPS, STEPS + 1)]
+  state, _ = step.accumulated_step(state, *step.shard_micro_batches(
+      *(np.stack([b[i][rows] for b in micro]) for i in (0, 1))))
+  for images, labels in micro:
+    state, _ = step.step(state, *step.shard_batch(images[rows],
+                                                  labels[rows]))
+  state = step.recompute_statistics(state,
+                                    (images[rows] for images, _ in micro))
+  np.savez(os.path.join(out_dir, f"paths_p{process_id}.npz"),
+           *jax.device_get(jax.tree.leaves(state)))
 
 
 if __name__ == "__main__":

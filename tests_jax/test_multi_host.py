@@ -5,7 +5,9 @@ slice or a GPU cluster are.
 - The step: two processes of 4 devices, each feeding half of every global
   batch, compute what one process of 8 devices computes from the same
   weights and batches (engine_cases' float32 step, three steps), with BN
-  groups within a process and across both.
+  groups within a process and across both; and so do a step of two
+  micro-batches, steps with float16's loss scaling and recomputed BN
+  statistics (multi_host_step.py).
 - main.py: two processes of 2 devices train the CPU demo, each reading its
   own share of the files. SIGTERM to one of them stops both after the same
   host loop with one checkpoint (exit 42), which process 0 alone writes, as
@@ -48,10 +50,10 @@ def test_two_hosts_step_as_one_host(tmp_path):
   two.mkdir()
   port = str(free_port())
   processes = hosts([[script, str(two), "2", str(i), port, *groups]
-                      for i in range(2)], 4, str(tmp_path))
+                     for i in range(2)], 4, str(tmp_path))
   logs = wait_all(processes, str(tmp_path))
   processes += hosts([[script, str(one), "1", "0", str(free_port()),
-                        *groups]], 8, str(tmp_path), first=2)
+                       *groups]], 8, str(tmp_path), first=2)
   logs += wait_all(processes[2:], str(tmp_path), first=2)
   for process, log in zip(processes, logs):
     assert process.returncode == 0, log[-3000:]
@@ -59,15 +61,21 @@ def test_two_hosts_step_as_one_host(tmp_path):
   for group in GROUPS:
     assert np.array_equal(_leaves(one / f"init_g{group}.npz")[0],
                           _leaves(two / f"init_g{group}.npz")[0])
-    want = _leaves(one / f"after_g{group}_p0.npz")
+  # Each group's three steps, then the last group's other paths.
+  for name in [f"after_g{group}" for group in GROUPS] + ["paths"]:
+    want = _leaves(one / f"{name}_p0.npz")
     for process in range(2):
-      got = _leaves(two / f"after_g{group}_p{process}.npz")
+      got = _leaves(two / f"{name}_p{process}.npz")
       assert len(got) == len(want)
       for i, (g, w) in enumerate(zip(got, want)):
         g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
         error = np.linalg.norm(g - w) / max(np.linalg.norm(w), 1e-30)
-        assert error <= NORM_TOLERANCE, (group, process, i, error)
+        assert error <= NORM_TOLERANCE, (name, process, i, error)
         worst = max(worst, error)
+  # The loss scale ran: 3 finite steps, S doubled after 2 (its last two
+  # arrays are S and the finite steps since).
+  assert [float(v) for v in _leaves(one / "paths_p0.npz")[-2:]] == [
+      2.0 ** 11, 1.0]
   print(f"worst relative norm of a difference: {worst:.1e}")
 
 
