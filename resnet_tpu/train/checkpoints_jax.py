@@ -29,6 +29,7 @@ from resnet_tpu.config import TrainConfig
 from resnet_tpu.train.checkpointing import Checkpoints
 from resnet_tpu.train.checkpointing import weights_module
 from resnet_tpu.train.jax_step import TrainState
+from resnet_tpu.train.jax_step import iterations_index
 
 
 def _twins(variables: Sequence[keras.Variable]) -> list[tf.Variable]:
@@ -50,8 +51,7 @@ class JaxCheckpoints:
                                  _twins(model.non_trainable_variables))
     self._optimizer = tf.Module()
     self._optimizer.variables_ = _twins(optimizer.variables)
-    self._step_index = [i for i, v in enumerate(optimizer.variables)
-                        if v.path == optimizer.iterations.path][0]
+    self._step_index = iterations_index(optimizer)
     self._optimizer.iterations = self._optimizer.variables_[self._step_index]
     self.input_batches = tf.Variable(0, dtype=tf.int64, trainable=False,
                                      name="input_batches")

@@ -73,6 +73,13 @@ class TrainState(NamedTuple):
   loss_scale: list | tuple = ()
 
 
+def iterations_index(optimizer: keras.optimizers.Optimizer) -> int:
+  """Where the optimizer's step count (`iterations`) sits in
+  TrainState.optimizer."""
+  return [v.path for v in optimizer.variables].index(
+      optimizer.iterations.path)
+
+
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
   """The loss of a step: classes, label smoothing, global batch, and the

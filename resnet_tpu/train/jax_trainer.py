@@ -52,6 +52,7 @@ from resnet_tpu.train.loss_scaling import INITIAL_SCALE
 from resnet_tpu.train.jax_step import JaxTrainStep
 from resnet_tpu.train.jax_step import LossConfig
 from resnet_tpu.train.jax_step import TrainState
+from resnet_tpu.train.jax_step import iterations_index
 from resnet_tpu.train.metrics_log import MetricsLog
 from resnet_tpu.train.profiling import StepProfiler
 from resnet_tpu.train.watchdog import Watchdog
@@ -74,9 +75,7 @@ def checkpoint_store(cfg: TrainConfig, model: keras.Model,
   model_dir that already holds them (a run keeps its format)."""
   if (checkpoint_paths.npz_checkpoints(cfg.model_dir)
       or not files.tensorflow_installed()):
-    step_index = [v.path for v in optimizer.variables].index(
-        optimizer.iterations.path)
-    return NpzCheckpoints(cfg, template, step_index, chief)
+    return NpzCheckpoints(cfg, template, iterations_index(optimizer), chief)
   # pylint: disable-next=g-import-not-at-top  (TensorFlow's)
   from resnet_tpu.train.checkpoints_jax import JaxCheckpoints
   return JaxCheckpoints(cfg, model, optimizer, cfg.model_dir, chief,
@@ -152,9 +151,8 @@ class JaxTrainer:
 
   def _iterations(self, state: TrainState | None = None):
     """The optimizer's step count in `state` (self.state by default)."""
-    paths = [v.path for v in self.optimizer.variables]
     state = self.state if state is None else state
-    return state.optimizer[paths.index(self.optimizer.iterations.path)]
+    return state.optimizer[iterations_index(self.optimizer)]
 
   def save(self) -> str:
     """Checkpoints the state (process 0 writes it); returns its path once
