@@ -2,9 +2,11 @@
 training steps at each BN group size, each process feeding its share of
 every global batch (test_multi_host.py starts two, and one alone on as
 many devices, and compares them). Then, at the last group size, the other
-paths of the step: one step of two micro-batches (batch-size control), two
-steps with float16's loss scaling (S = 2^10, doubled after 2 finite steps)
-and BN statistics recomputed from two batches (--bn_stats=recompute).
+paths of the step, on tests/tiny_model.py's network (they are the step's,
+not the network's; it compiles in seconds): three steps of two
+micro-batches each (batch-size control) with float16's loss scaling (S =
+2^10, doubled after 2 finite steps), then BN statistics recomputed from
+two batches (--bn_stats=recompute).
 
 usage: multi_host_step.py OUT_DIR NUM_PROCESSES PROCESS_ID PORT GROUP...
 Process 0 also writes the initial weights. Run with JAX_PLATFORMS=cpu and
@@ -20,8 +22,8 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
-    __file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 
 STEPS = 3
 # The loss scale's (initial S, growth steps) in the last case.
@@ -46,6 +48,7 @@ def main(out_dir: str, num_processes: int, process_id: int, port: int,
   from resnet_tpu.optim.optimizers import build_optimizer
   from resnet_tpu.parallel.bn_all_reduce_jax import build_mesh
   from resnet_tpu.train import jax_step
+  from tiny_model import tiny_resnet
   # pylint: enable=g-import-not-at-top
   for group in groups:
     keras.utils.set_random_seed(0)
@@ -67,21 +70,18 @@ def main(out_dir: str, num_processes: int, process_id: int, port: int,
                                                     labels[rows]))
     np.savez(os.path.join(out_dir, f"after_g{group}_p{process_id}.npz"),
              *jax.device_get(jax.tree.leaves(state)))
-  # The same network and weights, on through the step's other paths.
+  keras.utils.set_random_seed(0)
   step = jax_step.JaxTrainStep(
-      model, build_optimizer("momentum", cases.LEARNING_RATE),
+      tiny_resnet(cfg), build_optimizer("momentum", cases.LEARNING_RATE),
       build_mesh(groups[-1], jax.devices()),
       jax_step.LossConfig(cfg.model.num_classes, cfg.run.global_batch_size,
                           cfg.optim.label_smoothing, cfg.optim.weight_decay),
       loss_scale=LOSS_SCALE)
-  step.write_back(state)
   state = step.state()
   micro = [cases.batch("float32", seed) for seed in (STEPS, STEPS + 1)]
-  state, _ = step.accumulated_step(state, *step.shard_micro_batches(
-      *(np.stack([b[i][rows] for b in micro]) for i in (0, 1))))
-  for images, labels in micro:
-    state, _ = step.step(state, *step.shard_batch(images[rows],
-                                                  labels[rows]))
+  for _ in range(STEPS):
+    state, _ = step.accumulated_step(state, *step.shard_micro_batches(
+        *(np.stack([b[i][rows] for b in micro]) for i in (0, 1))))
   state = step.recompute_statistics(state,
                                     (images[rows] for images, _ in micro))
   np.savez(os.path.join(out_dir, f"paths_p{process_id}.npz"),

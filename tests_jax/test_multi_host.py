@@ -5,9 +5,9 @@ slice or a GPU cluster are.
 - The step: two processes of 4 devices, each feeding half of every global
   batch, compute what one process of 8 devices computes from the same
   weights and batches (engine_cases' float32 step, three steps), with BN
-  groups within a process and across both; and so do a step of two
-  micro-batches, steps with float16's loss scaling and recomputed BN
-  statistics (multi_host_step.py).
+  groups within a process and across both; and so do steps of two
+  micro-batches with float16's loss scaling, and recomputed BN statistics
+  (multi_host_step.py).
 - main.py: two processes of 2 devices train the CPU demo, each reading its
   own share of the files. SIGTERM to one of them stops both after the same
   host loop with one checkpoint (exit 42), which process 0 alone writes, as
