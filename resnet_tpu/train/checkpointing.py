@@ -11,8 +11,8 @@ Restore tells damage from a storage hiccup. Only a checksum or framing error
 (DataLossError), or a file the index lists that is truncated or missing,
 is damage: that checkpoint is moved aside into its own folder of `damaged/`
 (never over an earlier one) and the newest intact one is restored instead.
-An error that may pass (a bucket's 503, a deadline: TRANSIENT_CODES) is
-retried with a bounded backoff; if it persists the run stops naming the
+An error that may pass (a bucket's 503, a deadline: storage.READ_RETRIED)
+is retried with a bounded backoff; if it persists the run stops naming the
 checkpoint and the error, and moves nothing. Each worker restores on its
 own, so all then compare what they restored (`check_workers_agree`).
 """
@@ -28,16 +28,13 @@ from resnet_tpu.config import TrainConfig
 from resnet_tpu.train import checkpoint_paths
 from resnet_tpu.train import storage
 
-# Error codes of a filesystem that may pass: retried, never taken for
-# damage. (The checkpoint reader raises plain OpErrors: codes, not classes.)
-TRANSIENT_CODES = storage.READ_RETRIED
 # What damaged files raise: a checksum or framing error, a truncated or
 # missing file. The reader reports an index cut short ("not an sstable (bad
 # magic number)") as UNKNOWN.
 DAMAGE_CODES = frozenset({tf.errors.DATA_LOSS, tf.errors.NOT_FOUND,
                           tf.errors.OUT_OF_RANGE, tf.errors.UNKNOWN})
-# Seconds between the attempts at a read that failed with a TRANSIENT_ERROR
-# (and at a save: storage.py).
+# Seconds between the attempts at a read that failed with an error that may
+# pass (storage.read_retried), and at a save (storage.written).
 RETRY_DELAYS_S = storage.RETRY_DELAYS_S
 
 
