@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 DEMO_DATA := demo_data
 DEMO_RUN := runs/demo
 
-.PHONY: venv lint test test-tf test-jax constraints bench-gpu bench-gpu-wheels \
+.PHONY: venv lint test test-tf test-jax free-space free-space-ci constraints bench-gpu bench-gpu-wheels \
 	fashion-mnist test-lab test-tpu-build check-requirements demo demo-jax \
 	bench bench-eval-stall bench-collectives bench-cpu-kernels profile-ops accelerator-check study \
 	study-ladder study-recipe-choice study-recipe study-recipe-long \
@@ -42,7 +42,20 @@ lint: $(LINT_VENV)/.installed
 TEST_WORKERS ?= 2
 
 # Both engines: TensorFlow's suite (tests/), then JAX's (tests_jax/).
-test: test-tf test-jax
+test: free-space test-tf test-jax
+
+# Free space first (tests/free_space.py): the GB the suites' scratch files
+# under TMPDIR take at their peak, and each virtual environment a run
+# installs (measured). CI's run installs two more (.ci/run).
+SCRATCH_GB ?= 4
+TEST_ENV_GB := .venv=2.4 .venv-jax=2.8
+CI_ENV_GB := $(TEST_ENV_GB) .venv-tpu=1.9 .venv-lint=0.1
+
+free-space:
+	@$(PYTHON) tests/free_space.py $(SCRATCH_GB) $(TEST_ENV_GB)
+
+free-space-ci:
+	@$(PYTHON) tests/free_space.py $(SCRATCH_GB) $(CI_ENV_GB)
 
 test-tf: venv
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15
