@@ -19,7 +19,8 @@ GB = 1e9
 
 
 def disk_needs(needs: list[tuple[str, float]]) -> dict[int, list]:
-  """[folder, GB needed] per disk (st_dev): folders, summed GB, free GB."""
+  """Per disk (st_dev) of the (folder, GB) needs: [its folders, the GB they
+  need together, the GB free]."""
   disks: dict[int, list] = {}
   for folder, gb in needs:
     device = os.stat(folder).st_dev
