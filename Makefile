@@ -7,10 +7,12 @@ DEMO_DATA := demo_data
 DEMO_RUN := runs/demo
 
 .PHONY: venv lint test test-tf test-jax free-space free-space-ci constraints \
-	bench-gpu bench-gpu-wheels fashion-mnist test-lab test-tpu-build check-requirements demo demo-jax \
-	bench bench-eval-stall bench-collectives bench-cpu-kernels profile-ops accelerator-check study \
-	study-ladder study-recipe-choice study-recipe study-recipe-long \
-	study-recipe-revised study-recipe-crop study-confirm study-regime clean
+	bench-gpu bench-gpu-wheels fashion-mnist test-lab test-tpu-build \
+	check-requirements demo demo-jax bench bench-eval-stall \
+	bench-collectives bench-cpu-kernels profile-ops accelerator-check \
+	study study-ladder study-recipe-choice study-recipe \
+	study-recipe-long study-recipe-revised study-recipe-crop \
+	study-confirm study-regime clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt constraints.txt
 	$(PYTHON) -m venv $(VENV)
