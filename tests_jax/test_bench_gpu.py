@@ -9,8 +9,8 @@ the two ways round depends on the CPU's kernels: on an AMD EPYC they agreed
 to 1.2e-7, and on CI's machine by 1.5e-4 (stem kernel), past any
 element-wise tolerance that would still tell a wrong BN grouping apart.
 In float64 the virtual step's changes are within 0.5 % (group 2) and
-1.1 % (group 8) of the tolerance, and BN over groups of 1 instead lands
-2e4 times past it."""
+1.1 % (group 8) of the tolerance, and the two groupings' steps differ by
+7e3 times it."""
 import json
 import os
 import subprocess
