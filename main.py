@@ -7,8 +7,9 @@ Exit codes: 0 done, 42 preempted (SIGTERM; a checkpoint was written, run the
 same command to resume), 43 another worker was lost (restart all workers),
 1 any error (a user error, or storage that fails while writing, prints one
 line without a traceback).
---backend (or KERAS_BACKEND) chooses Keras's engine: tensorflow
-(resnet_tpu/run.py) or jax (resnet_tpu/run_jax.py).
+--backend (or KERAS_BACKEND) chooses Keras's engine, tensorflow or jax,
+once; resnet_tpu/run.py tells the same run on either
+(resnet_tpu/engines/<engine>/).
 
 TensorFlow loads only after `set_up_process` has decided the strategy kind
 and chosen its C++ log level, CPU kernels and TPU runtime
@@ -50,39 +51,44 @@ def set_up_process() -> tuple[str, str]:
 
 def main(argv: list[str], model_fn=None) -> None:
   """Trains the TrainConfig of the flags; `model_fn` (tests) replaces the
-  ResNet (trainer.ModelFn)."""
+  ResNet (run.ModelFn)."""
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   try:
     backend = process_setup.choose_backend(FLAGS.backend)
     logging.info("Engine: Keras on %s (--backend=%s)", backend, FLAGS.backend)
+    cfg = resnet_flags.config_from_flags(FLAGS).replace(backend=backend)
     if backend == "jax":
-      return main_jax()
-    kind, chosen = set_up_process()
+      set_up_jax()
+    else:
+      cfg = cfg.replace(strategy=set_up_tensorflow())
   except ConfigError as error:
     sys.exit(f"main.py: error: {error}")
+  # pylint: disable-next=g-import-not-at-top  (after the engine's settings)
+  from resnet_tpu.run import run
+  finish(lambda: run(cfg, model_fn=model_fn))
+
+
+def set_up_tensorflow() -> str:
+  """The TensorFlow process's settings (set_up_process), then TensorFlow;
+  returns the strategy kind."""
+  kind, chosen = set_up_process()
   # pylint: disable=g-import-not-at-top  (after set_up_process)
   import tensorflow as tf
 
   from resnet_tpu.runtime import cpu_kernels
-  from resnet_tpu.run import run
   # pylint: enable=g-import-not-at-top
   logging.info("CPU kernels: %s; TensorFlow runs oneDNN's: %s", chosen,
                "yes" if cpu_kernels.onednn_enabled() else "no")
   # tf.distribute logs every collective it builds at INFO; keep ours readable.
   tf.get_logger().setLevel("WARNING")
-  cfg = resnet_flags.config_from_flags(FLAGS).replace(strategy=kind)
-  finish(lambda: run(cfg, model_fn=model_fn))
+  return kind
 
 
-def main_jax() -> None:
-  """Trains the flags' TrainConfig on the JAX engine (run_jax.py)."""
+def set_up_jax() -> None:
+  """JAX's platform and virtual CPU devices, before JAX loads."""
   devices = process_setup.jax_platform(FLAGS.strategy, FLAGS.num_cpu_replicas)
   logging.info("JAX devices: %s (--strategy=%s)", devices, FLAGS.strategy)
-  # pylint: disable-next=g-import-not-at-top  (after the engine's settings)
-  from resnet_tpu import run_jax
-  cfg = resnet_flags.config_from_flags(FLAGS).replace(backend="jax")
-  finish(lambda: run_jax.run(cfg))
 
 
 def finish(train: Callable[[], dict]) -> None:
@@ -105,7 +111,7 @@ def finish(train: Callable[[], dict]) -> None:
 def cli(argv: list[str]) -> None:
   """main, then the end of the process: a run on one host skips the
   interpreter's teardown (process_setup.exit_skipping_teardown), which
-  would wait for the input iterators' release (train/iterators.py); a
+  would wait for the input iterators' release (engines/tensorflow/iterators.py); a
   multi-worker run ends normally, so its peers' shutdown can reach it,
   unless a peer is lost (exit 43): its shutdown would wait for that peer
   (jax.distributed's, until the heartbeat timeout, then abort)."""

@@ -33,7 +33,7 @@ from resnet_tpu.inputs import input_pipeline  # noqa: E402
 from resnet_tpu import preflight  # noqa: E402
 from resnet_tpu.config import TrainConfig  # noqa: E402
 from resnet_tpu.parallel.strategy import configure_cpu_replicas  # noqa: E402
-from resnet_tpu.train.trainer import Trainer  # noqa: E402
+from resnet_tpu.engines.tensorflow.engine import TensorFlowEngine  # noqa: E402
 from tools import bench_common  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -75,7 +75,7 @@ def step_timer(strategy, group_size: int, depth: int, image_size: int,
       bn_group_size=group_size, global_batch_size=batch,
       eval_batch_size=batch, train_steps=1, lr_schedule="constant",
       warmup_epochs=0.0, num_train_images=preflight.IMAGENET_TRAIN_IMAGES)
-  trainer = Trainer(cfg, strategy, model_fn=model_fn)
+  trainer = TensorFlowEngine(cfg, strategy, model_fn=model_fn)
   iterator = iter(strategy.distribute_datasets_from_function(
       input_pipeline.synthetic_dataset_fn(image_size, 1000, batch,
                                           "float32")))

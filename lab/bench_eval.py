@@ -8,7 +8,7 @@ them: 8 virtual CPU replicas under MirroredStrategy, the study's narrow
 ResNet on Fashion-MNIST (lab/study_data.py), evaluating the whole test set
 every --eval_every steps, by run.run. --variants, alternating A B A B:
 
-- `long_lived`: today's trainer (resnet_tpu/train/iterators.py): one
+- `long_lived`: today's trainer (resnet_tpu/engines/tensorflow/iterators.py): one
   evaluation iterator for the run, input iterators dropped on a thread
   of their own when fit returns; alone in `make bench` (eval.json);
 - `per_evaluation`: the trainer as it was before issue 38, patched back in
@@ -52,7 +52,7 @@ def per_evaluation_iterators():
   """The evaluation and teardown of the trainer before issue 38: each
   evaluation reads a new iterator and deletes it when it returns, and fit
   deletes the training iterator itself."""
-  from resnet_tpu.train import iterators
+  from resnet_tpu.engines.tensorflow import iterators
 
   def release_now(owned: list) -> None:
     owned.clear()  # deletes the iterators here, on the caller's thread
@@ -74,7 +74,7 @@ def child(variant: str, data_dir: str, model_dir: str, result_path: str,
   from lab import study_model
   from resnet_tpu.config import TrainConfig
   from resnet_tpu.run import run
-  from resnet_tpu.train.trainer import Trainer
+  from resnet_tpu.engines.tensorflow.engine import TensorFlowEngine
 
   cfg = TrainConfig.from_flat(
       model_dir=model_dir, data_dir=data_dir, strategy="cpu",
@@ -87,7 +87,8 @@ def child(variant: str, data_dir: str, model_dir: str, result_path: str,
       shuffle_buffer_size=setup["num_train"], lr_schedule="constant",
       warmup_epochs=0.0)
   saves, loop_ends, eval_ends, eval_walls = [], [], [], []
-  original_save, original_evaluate = Trainer.save, Trainer.evaluate
+  original_save, original_evaluate = (TensorFlowEngine.save,
+                                     TensorFlowEngine.evaluate)
 
   def timed_save(self):
     start = time.time()
@@ -97,12 +98,13 @@ def child(variant: str, data_dir: str, model_dir: str, result_path: str,
 
   def timed_evaluate(self, *args):
     start = time.time()
-    record = original_evaluate(self, *args)
+    result = original_evaluate(self, *args)
     eval_ends.append(time.time())
-    eval_walls.append((eval_ends[-1] - start, record["examples"]))
-    return record
+    eval_walls.append((eval_ends[-1] - start, result.examples))
+    return result
 
-  Trainer.save, Trainer.evaluate = timed_save, timed_evaluate
+  TensorFlowEngine.save, TensorFlowEngine.evaluate = (timed_save,
+                                                      timed_evaluate)
   patch = (per_evaluation_iterators() if variant == "per_evaluation"
            else contextlib.nullcontext())
   with patch:
@@ -113,7 +115,7 @@ def child(variant: str, data_dir: str, model_dir: str, result_path: str,
     trains = [r for r in map(json.loads, f) if r["split"] == "train"]
   with open(result_path, "w") as f:
     json.dump({
-        # The wall time of each Trainer.evaluate call, iterators included.
+        # The wall time of each TensorFlowEngine.evaluate call, iterators included.
         "eval_seconds": [seconds for seconds, _ in eval_walls],
         "eval_images_per_sec": [n / seconds for seconds, n in eval_walls],
         # The first loop traces the step.
@@ -132,14 +134,14 @@ def save_child(result_path: str, repetitions: int, depth: int,
   import tensorflow as tf
   from resnet_tpu import preflight
   from resnet_tpu.config import TrainConfig
-  from resnet_tpu.train.trainer import Trainer
+  from resnet_tpu.engines.tensorflow.engine import TensorFlowEngine
 
   cfg = TrainConfig.from_flat(
       model_dir=model_dir, use_synthetic_data=True, resnet_depth=depth,
       num_classes=1000, image_size=image_size, global_batch_size=8,
       train_steps=1, keep_checkpoints=2,
       num_train_images=preflight.IMAGENET_TRAIN_IMAGES)
-  checkpoints = Trainer(cfg, tf.distribute.get_strategy()).checkpoints
+  checkpoints = TensorFlowEngine(cfg, tf.distribute.get_strategy()).checkpoints
   options = tf.train.CheckpointOptions(enable_async=True)
   times = {"sync_blocks_s": [], "async_blocks_s": [], "async_done_s": []}
   checkpoints.save()  # the first save builds its graph; not timed

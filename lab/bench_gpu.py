@@ -4,7 +4,7 @@ network and JAX step against stock Keras and torchvision.
 In one run, each workload in a process of its own (so that each has the
 device's memory, and its peak, to itself), in this order:
   ours          the project's ResNet-50 v1.5 and JAX step
-                (train/jax_step.py; one device, BN over the whole batch);
+                (engines/jax/step.py; one device, BN over the whole batch);
   stock_layers  the same v1.5 network built from stock keras.layers
                 (Conv2D, BatchNormalization) and a plain jitted step;
   keras_app     keras.applications.ResNet50 (v1) and the same plain step;
@@ -129,7 +129,7 @@ def _keras_model(workload: str):
 
 
 def _loss_config():
-  from resnet_tpu.train.jax_step import LossConfig  # pylint: disable=g-import-not-at-top
+  from resnet_tpu.engines.jax.state import LossConfig  # pylint: disable=g-import-not-at-top
   return LossConfig(FLAGS.num_classes, FLAGS.batch_size, LABEL_SMOOTHING,
                     WEIGHT_DECAY)
 
@@ -139,8 +139,8 @@ def plain_step(model, optimizer):
   way a Keras-on-JAX user would write it."""
   import jax  # pylint: disable=g-import-not-at-top
   from keras import ops  # pylint: disable=g-import-not-at-top
-  from resnet_tpu.train.jax_step import decayed_indices  # pylint: disable=g-import-not-at-top
-  from resnet_tpu.train.jax_step import losses_and_hits  # pylint: disable=g-import-not-at-top
+  from resnet_tpu.engines.jax.state import decayed_indices  # pylint: disable=g-import-not-at-top
+  from resnet_tpu.train.loss import losses_and_hits  # pylint: disable=g-import-not-at-top
   decayed = decayed_indices(model)
   optimizer.build(model.trainable_variables)
 
@@ -175,7 +175,7 @@ def virtual_replicas_step(train_step, replicas: int, group_size: int = 1):
   import jax  # pylint: disable=g-import-not-at-top
   from resnet_tpu.parallel.bn_all_reduce_jax import GROUPS_AXIS  # pylint: disable=g-import-not-at-top
   from resnet_tpu.parallel.bn_all_reduce_jax import IN_GROUP_AXIS  # pylint: disable=g-import-not-at-top
-  from resnet_tpu.train.jax_step import TrainState  # pylint: disable=g-import-not-at-top
+  from resnet_tpu.engines.jax.state import TrainState  # pylint: disable=g-import-not-at-top
   per_replica = jax.vmap(train_step._replica_gradients,
                          in_axes=(None, 0, 0), axis_name=IN_GROUP_AXIS)
   per_group = jax.vmap(per_replica, in_axes=(None, 0, 0),
@@ -215,7 +215,7 @@ def run_keras(workload: str) -> dict:
   import numpy as np  # pylint: disable=g-import-not-at-top
   from resnet_tpu.optim.optimizers import build_optimizer  # pylint: disable=g-import-not-at-top
   from resnet_tpu.parallel.bn_all_reduce_jax import build_mesh  # pylint: disable=g-import-not-at-top
-  from resnet_tpu.train.jax_step import JaxTrainStep  # pylint: disable=g-import-not-at-top
+  from resnet_tpu.engines.jax.step import JaxTrainStep  # pylint: disable=g-import-not-at-top
   model = _keras_model(workload)
   optimizer = build_optimizer("momentum", LEARNING_RATE, momentum=MOMENTUM)
   device = jax.devices()[0]

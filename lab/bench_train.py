@@ -46,7 +46,7 @@ from resnet_tpu.inputs import input_pipeline  # noqa: E402
 from resnet_tpu import preflight  # noqa: E402
 from resnet_tpu.config import TrainConfig  # noqa: E402
 from resnet_tpu.model.resnet import build_model  # noqa: E402
-from resnet_tpu.train.trainer import Trainer  # noqa: E402
+from resnet_tpu.engines.tensorflow.engine import TensorFlowEngine  # noqa: E402
 from tools import bench_common  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -93,7 +93,7 @@ def train_config(precision: str, image_size: int, batch: int, depth: int,
 
 def step_timer(cfg: TrainConfig, model_fn, steps: int):
   """A callable timing `steps` training steps; traced and warmed up once."""
-  trainer = Trainer(cfg, tf.distribute.MirroredStrategy(["/cpu:0"]),
+  trainer = TensorFlowEngine(cfg, tf.distribute.MirroredStrategy(["/cpu:0"]),
                     model_fn=model_fn)
   iterator = iter(trainer.strategy.distribute_datasets_from_function(
       input_pipeline.synthetic_dataset_fn(
@@ -171,7 +171,7 @@ def bench_host_loop(batch: int, total_steps: int, repetitions: int,
   """Seconds per step when one call runs 1, 10 or 100 steps."""
   cfg = train_config("float32", HOST_LOOP_IMAGE_SIZE, batch, 18,
                      f"{tmp}/host_loop")  # depth unused: small_convnet
-  trainer = Trainer(cfg, tf.distribute.MirroredStrategy(["/cpu:0"]),
+  trainer = TensorFlowEngine(cfg, tf.distribute.MirroredStrategy(["/cpu:0"]),
                     model_fn=bench_common.small_convnet)
   iterator = iter(trainer.strategy.distribute_datasets_from_function(
       input_pipeline.synthetic_dataset_fn(HOST_LOOP_IMAGE_SIZE, 1000, batch,

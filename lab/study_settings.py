@@ -31,7 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.train.trainer import Trainer
+from resnet_tpu.engines.tensorflow.engine import TensorFlowEngine
 
 # Settings both sides of the baseline claim to share (study_report's
 # "same LR rule on both sides").
@@ -147,7 +147,7 @@ def project(cfg: TrainConfig,
   built from it (the run's own builder, on the default strategy: the
   settings read here do not depend on the replicas)."""
   with tempfile.TemporaryDirectory() as model_dir:
-    trainer = Trainer(cfg.replace(model_dir=model_dir),
+    trainer = TensorFlowEngine(cfg.replace(model_dir=model_dir),
                       tf.distribute.get_strategy(), model_fn=model_fn)
     step = trainer.replica_step
     decayed = step.decayed

@@ -92,7 +92,7 @@ def restore_inference_model(config: dict, path: str) -> keras.Model:
     _restore_npz(model, path, config)
     return model
   # A JAX run's checkpoint holds the weights in model order
-  # (train/checkpoints_jax.py); read here through the same layout.
+  # (engines/jax/tf_checkpoints.py); read here through the same layout.
   saved = (weights_module(model.trainable_variables,
                           model.non_trainable_variables)
            if config.get("backend") == "jax" else model)
@@ -109,7 +109,7 @@ def restore_inference_model(config: dict, path: str) -> keras.Model:
 
 def _restore_npz(model: keras.Model, path: str, config: dict) -> None:
   """Sets `model`'s variables from the .npz checkpoint of a JAX run
-  without TensorFlow (train/checkpoints_npz.py: each group's arrays in the
+  without TensorFlow (engines/jax/npz_checkpoints.py: each group's arrays in the
   Keras model's variable order)."""
   arrays = checkpoint_paths.read_npz(path)
   for group, variables in (("trainable", model.trainable_variables),

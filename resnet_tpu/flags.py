@@ -182,7 +182,7 @@ HELP = {
                             "others (exit 43); 0 = wait forever. Set it "
                             "well above one host loop's time. On JAX: the "
                             "longest wait without a host loop, agreement, "
-                            "checkpoint or eval (train/watchdog.py); 0 = "
+                            "checkpoint or eval (engines/jax/watchdog.py); 0 = "
                             "JAX's heartbeat timeout, 100 s, which aborts "
                             "the others.",
     "cpu_onednn": "TensorFlow's oneDNN CPU kernels: auto (on when the model "

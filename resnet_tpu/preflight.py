@@ -53,7 +53,7 @@ CHECKPOINT_KEYS = ("resnet_depth", "num_classes", "optimizer", "backend")
 RECORD_DEFAULTS = {"backend": "tensorflow"}
 def _engine_named(values: dict) -> dict:
   """Flag values (a config's or a record's), --backend=auto as the engine
-  this process runs (run.py and run_jax.py record the one they ran)."""
+  this process runs (run.py records the one it ran)."""
   if values.get("backend") == "auto":
     return {**values, "backend": keras.backend.backend()}
   return values

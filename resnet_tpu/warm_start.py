@@ -17,13 +17,15 @@ network's inference, stay the source's (as keras_weights.py does for Keras's
 epsilon). A network of another depth or layout is refused before start-up,
 naming both sides.
 
-On JAX (run_jax.py) the checkpoint is read by a TensorFlow engine process,
-which writes the source network's weights to a .npz (`write_weights`); the
-JAX run loads them into the same network built on JAX and copies it as
-above (`warm_start_from_weights`). Either engine's runs can seed either.
+On JAX the checkpoint is read by a TensorFlow engine process
+(runtime/tensorflow_process.py), which writes the source network's weights
+to a .npz (`write_weights`); the JAX run loads them into the same network
+built on JAX and copies it as above (`warm_start_from_weights`).
+`fine_tune` takes the engine's way. Either engine's runs can seed either.
 """
 import dataclasses
 import os
+import tempfile
 from typing import Callable, Sequence
 
 from absl import logging
@@ -36,6 +38,7 @@ from resnet_tpu import export
 from resnet_tpu.config import ConfigError
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.model.resnet import build_model
+from resnet_tpu.runtime import tensorflow_process
 from resnet_tpu.train import checkpoint_paths
 
 
@@ -174,6 +177,34 @@ def warm_start_from_weights(cfg: TrainConfig, target: keras.Model,
   network = build_model(source_cfg.model, source_cfg.distribution)
   network.set_weights(list(weights))
   _copy_and_log(cfg, source, network, target)
+
+
+def source_weights(init_checkpoint: str) -> list[np.ndarray]:
+  """The weights of --init_checkpoint's network, read in a TensorFlow
+  process (write_weights): the source of a JAX run's fine-tuning."""
+  with tempfile.TemporaryDirectory() as folder:
+    path = os.path.join(folder, "weights.npz")
+    code = tensorflow_process.in_tensorflow("warm_start.write_weights",
+                                            init_checkpoint, path)
+    if code:
+      raise ConfigError(
+          f"--init_checkpoint={init_checkpoint!r}: reading its network "
+          f"failed (its TensorFlow process exited {code}; its error is "
+          "above).")
+    with np.load(path) as saved:
+      return [saved[f"arr_{i}"] for i in range(len(saved.files))]
+
+
+def fine_tune(cfg: TrainConfig, target: keras.Model,
+              build: Callable[[TrainConfig], keras.Model] | None = None
+              ) -> None:
+  """Sets `target`'s weights from cfg's --init_checkpoint: read in this
+  process on TensorFlow (warm_start), in a TensorFlow one from JAX."""
+  if keras.backend.backend() == "tensorflow":
+    warm_start(cfg, target, build)
+  else:
+    warm_start_from_weights(cfg, target,
+                            source_weights(cfg.run.init_checkpoint))
 
 
 def _copy_and_log(cfg: TrainConfig, source: Source, network: keras.Model,

@@ -17,12 +17,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # resnet_tpu's modules and subpackages, in the order data flows through
 # them, then the other source folders.
 ENTRIES = ("main.py", "resnet_tpu/clock.py", "resnet_tpu/files.py",
-           "resnet_tpu/config.py", "resnet_tpu/flags.py", "resnet_tpu/runtime/",
+           "resnet_tpu/config/", "resnet_tpu/flags.py", "resnet_tpu/runtime/",
            "resnet_tpu/parallel/", "resnet_tpu/inputs/", "resnet_tpu/model/",
            "resnet_tpu/optim/", "resnet_tpu/train/",
+           "resnet_tpu/engines/tensorflow/", "resnet_tpu/engines/jax/",
            "resnet_tpu/data_checks.py", "resnet_tpu/preflight.py",
            "resnet_tpu/export.py", "resnet_tpu/warm_start.py",
-           "resnet_tpu/run.py", "resnet_tpu/run_jax.py", "data/", "tools/",
+           "resnet_tpu/run.py", "data/", "tools/",
            "lab/")
 
 

@@ -25,7 +25,7 @@ from collective_helpers import communication_ops
 from collective_helpers import COMMUNICATION_OP
 from collective_helpers import graph_nodes
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.train.trainer import Trainer
+from resnet_tpu.engines.tensorflow.engine import TensorFlowEngine
 
 STEPS = 3
 GLOBAL_BATCH = 8
@@ -70,7 +70,7 @@ def main(model_dir: str, init_path: str, out_path: str,
   strategy = tf.distribute.MultiWorkerMirroredStrategy(
       communication_options=tf.distribute.experimental.CommunicationOptions(
           timeout_seconds=timeout_s))
-  trainer = Trainer(config(model_dir, gradient_all_reduce=gradient_all_reduce,
+  trainer = TensorFlowEngine(config(model_dir, gradient_all_reduce=gradient_all_reduce,
                            all_reduce_grid=grid,
                            collective_timeout_s=timeout_s), strategy)
   with np.load(init_path) as init:

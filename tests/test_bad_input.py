@@ -1,9 +1,9 @@
 """Bad input fails early with a message naming the flag or file, and a few
 broken images in the data never crash training (README "Reliability").
 
-run.run is called with create_strategy replaced: by a function that fails
-where a check must come before strategy start-up, by 2 CPU replicas where
-training must go on.
+run.run is called with the TensorFlow start-up's create_strategy replaced:
+by a function that fails where a check must come before strategy start-up,
+by 2 CPU replicas where training must go on.
 """
 import logging
 import os
@@ -18,8 +18,9 @@ from resnet_tpu import config as config_lib
 from resnet_tpu import flags as resnet_flags
 from resnet_tpu.inputs import input_pipeline
 from resnet_tpu import data_checks
+from resnet_tpu.engines.tensorflow import startup as tf_startup
 from resnet_tpu import run as run_lib
-from resnet_tpu.train import trainer as trainer_lib
+from resnet_tpu.engines.tensorflow import engine as engine_lib
 from resnet_tpu.config import ConfigError
 from resnet_tpu.config import InputConfig
 from resnet_tpu.config import TrainConfig
@@ -54,7 +55,7 @@ def _no_strategy(*args, **kwargs):
 
 @pytest.fixture
 def before_startup(monkeypatch):
-  monkeypatch.setattr(run_lib, "create_strategy", _no_strategy)
+  monkeypatch.setattr(tf_startup, "create_strategy", _no_strategy)
 
 
 def _write(path, records: list[bytes]) -> None:
@@ -154,9 +155,9 @@ def test_model_dir_of_another_network_fails_before_startup(tmp_path,
 
 
 def test_checkpoint_that_does_not_restore_fails_naming_model_dir(tmp_path):
-  trainer_lib.Trainer(_config(tmp_path), cpu_strategy(1),
+  engine_lib.TensorFlowEngine(_config(tmp_path), cpu_strategy(1),
                       model_fn=tiny_resnet).save()
-  other = trainer_lib.Trainer(_config(tmp_path, num_classes=5),
+  other = engine_lib.TensorFlowEngine(_config(tmp_path, num_classes=5),
                               cpu_strategy(1), model_fn=tiny_resnet)
   with pytest.raises(ConfigError, match=r"--model_dir=.*: cannot restore "
                      r".*ckpt-0 into this run \(.*--num_classes=5"):

@@ -4,7 +4,7 @@ import numpy as np
 import tensorflow as tf
 
 from conftest import cpu_strategy
-from resnet_tpu.model.bn_recompute import BNStatisticsRecomputer
+from resnet_tpu.engines.tensorflow.bn_recompute import BNStatisticsRecomputer
 from resnet_tpu.model.distributed_batch_norm import DistributedBatchNormalization
 
 REPLICAS = 4

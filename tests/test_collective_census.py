@@ -22,7 +22,7 @@ from collective_helpers import cross_device_inputs
 from collective_helpers import op_counts
 from conftest import cpu_strategy
 import multi_worker_train as worker
-from resnet_tpu.train.trainer import Trainer
+from resnet_tpu.engines.tensorflow.engine import TensorFlowEngine
 
 REPLICAS = 4
 BN_GROUP = 2
@@ -63,7 +63,7 @@ def traced(tmp_path_factory):
   """A 4-replica ResNet-18 trainer with BN groups of 2, its step and its
   host loop traced on one batch."""
   strategy = cpu_strategy(REPLICAS)
-  trainer = Trainer(worker.config(str(tmp_path_factory.mktemp("census"))),
+  trainer = TensorFlowEngine(worker.config(str(tmp_path_factory.mktemp("census"))),
                     strategy)
   dataset = strategy.distribute_datasets_from_function(
       worker.replica_slices_dataset_fn)

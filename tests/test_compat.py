@@ -53,7 +53,7 @@ def test_replacing_the_summation_fails_by_name_without_the_method():
 
 def test_strategy_supports_no_merge_call_answers_for_the_strategy_in_scope():
   # The default strategy needs no merge_call; MirroredStrategy synchronises
-  # through it (train_step.py takes the merge_call branch there).
+  # through it (engines/tensorflow/step.py takes the merge_call branch there).
   assert compat.strategy_supports_no_merge_call() is True
   with cpu_strategy(2).scope():
     assert compat.strategy_supports_no_merge_call() is False

@@ -31,11 +31,12 @@ def _python(code: str, *args: str, **env: str) -> str:
 JAX_ENGINE = ("resnet_tpu.model.batch_norm_jax",
               "resnet_tpu.optim.optimizers_jax",
               "resnet_tpu.parallel.bn_all_reduce_jax",
-              "resnet_tpu.parallel.jax_processes",
-              "resnet_tpu.train.jax_step", "resnet_tpu.train.jax_trainer",
-              "resnet_tpu.train.jax_input",
-              "resnet_tpu.train.checkpoints_jax",
-              "resnet_tpu.train.checkpoints_npz", "resnet_tpu.run_jax")
+              "resnet_tpu.engines.jax.processes",
+              "resnet_tpu.engines.jax.step", "resnet_tpu.engines.jax.engine",
+              "resnet_tpu.engines.jax.host_batches",
+              "resnet_tpu.engines.jax.tf_checkpoints",
+              "resnet_tpu.engines.jax.npz_checkpoints",
+              "resnet_tpu.engines.jax.startup")
 # Imports every module of the package, then prints the two variables.
 IMPORT_ALL = f"""
 import importlib, os, pkgutil

@@ -5,16 +5,15 @@ import logging
 
 import pytest
 
-from conftest import cpu_strategy
 from resnet_tpu import data_checks
 from resnet_tpu import preflight
+from resnet_tpu.engines.tensorflow import startup as tf_startup
 from resnet_tpu import run as run_lib
 from resnet_tpu.inputs import input_pipeline
 from resnet_tpu.optim import schedules
 from resnet_tpu.config import ConfigError
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.runtime import process_setup
-from resnet_tpu.train.trainer import Trainer
 import damaged_shards
 
 
@@ -91,7 +90,7 @@ def test_run_warns_before_start_up_of_a_warm_up_longer_than_the_run(
   def strategy(*args, **kwargs):
     raise StartUp
 
-  monkeypatch.setattr(run_lib, "create_strategy", strategy)
+  monkeypatch.setattr(tf_startup, "create_strategy", strategy)
   cfg = _config(model_dir=str(tmp_path), use_synthetic_data=True,
                 strategy="cpu", image_size=32, train_steps=250,
                 global_batch_size=64)  # an epoch of ImageNet's 1,281,167
@@ -145,8 +144,3 @@ def test_resolve_fills_the_strategy_kind_and_the_epoch_from_host_and_data(
   assert resolved.run.total_train_epochs == pytest.approx(
       resolved.run.global_batch_size / 10)
   assert preflight.resolve(resolved, files) == resolved  # once is enough
-
-
-def test_a_trainer_of_an_unresolved_config_says_what_to_do():
-  with pytest.raises(ValueError, match="resolve the config first"):
-    Trainer(_config(), cpu_strategy(1))

@@ -6,7 +6,7 @@ import tensorflow as tf
 
 from conftest import cpu_strategy
 from resnet_tpu.model.distributed_batch_norm import DistributedBatchNormalization
-from resnet_tpu.model import moving_statistics
+from resnet_tpu.engines.tensorflow import moving_statistics
 
 REPLICAS = 8
 PER_REPLICA = 2

@@ -7,11 +7,12 @@ import pytest
 import tensorflow as tf
 
 from conftest import cpu_strategy
+from resnet_tpu.engines.tensorflow import startup as tf_startup
 from resnet_tpu import run as run_lib
 from resnet_tpu import warm_start
 from resnet_tpu.config import ConfigError
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.train.trainer import Trainer
+from resnet_tpu.engines.tensorflow.engine import TensorFlowEngine
 
 CLASSES = 4
 
@@ -28,13 +29,13 @@ def pretrained(tmp_path_factory):
   """A ResNet-18 trained 2 steps (its BN statistics moved from 0 and 1)."""
   cfg = _config(tmp_path_factory.mktemp("pretrained"))
   run_lib.run(cfg)
-  trainer = Trainer(cfg, cpu_strategy(1))
+  trainer = TensorFlowEngine(cfg, cpu_strategy(1))
   trainer.restore()
   return cfg, [v.numpy() for v in trainer.model.weights]
 
 
 def _fresh(cfg):
-  trainer = Trainer(cfg, cpu_strategy(2))
+  trainer = TensorFlowEngine(cfg, cpu_strategy(2))
   warm_start.warm_start(cfg, trainer.model)
   return trainer
 
@@ -70,8 +71,9 @@ def test_a_run_fine_tunes_then_resumes_its_own_checkpoints(pretrained,
   cfg = _config(tmp_path, num_classes=7,
                 init_checkpoint=source_cfg.model_dir)
   run_lib.run(cfg)
-  again = Trainer(cfg, cpu_strategy(1))
-  assert again.restore() == 2  # its own run, not the source's
+  again = TensorFlowEngine(cfg, cpu_strategy(1))
+  again.restore()
+  assert again.step == 2  # its own run, not the source's
 
 
 def test_another_network_is_refused_before_startup(pretrained, tmp_path,
@@ -81,7 +83,7 @@ def test_another_network_is_refused_before_startup(pretrained, tmp_path,
   def no_strategy(*args, **kwargs):
     raise AssertionError("started")
 
-  monkeypatch.setattr(run_lib, "create_strategy", no_strategy)
+  monkeypatch.setattr(tf_startup, "create_strategy", no_strategy)
   with pytest.raises(ConfigError, match=r"--init_checkpoint=.* is another "
                      r"network \(--resnet_depth=18 there, 34 here\)"):
     run_lib.run(_config(tmp_path, resnet_depth=34,
@@ -101,8 +103,9 @@ def test_freeze_bn_keeps_the_checkpoint_s_bn_while_the_convs_train(
   cfg = _config(tmp_path, num_classes=7, freeze_bn=True,
                 init_checkpoint=source_cfg.model_dir)
   run_lib.run(cfg)
-  trainer = Trainer(cfg, cpu_strategy(1))
-  assert trainer.restore() == 2
+  trainer = TensorFlowEngine(cfg, cpu_strategy(1))
+  trainer.restore()
+  assert trainer.step == 2
   bn_weights = {id(w) for layer in trainer.model.layers
                 if isinstance(layer, keras.layers.BatchNormalization)
                 for w in layer.weights}

@@ -1,5 +1,5 @@
 """--precision=float16: mixed_float16 with dynamic loss scaling
-(resnet_tpu/train/loss_scale.py, issue 37). CPU shows what it can: the
+(resnet_tpu/engines/tensorflow/loss_scale.py, issue 37). CPU shows what it can: the
 scaling is exact, an overflowing step is skipped and halves the scale, the
 scale grows after finite steps, LARS and the ring summation take it, and a
 run resumes with its scale."""
@@ -13,9 +13,9 @@ from resnet_tpu import config as config_lib
 from resnet_tpu.config import ConfigError
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.train import loop_report
-from resnet_tpu.train.loss_scale import DynamicLossScale
+from resnet_tpu.engines.tensorflow.loss_scale import DynamicLossScale
 from resnet_tpu.train.metrics_log import read_metrics
-from resnet_tpu.train.trainer import Trainer
+from resnet_tpu.engines.tensorflow.engine import TensorFlowEngine
 from tiny_model import tiny_resnet
 
 
@@ -52,7 +52,7 @@ def _values(variables):
 
 
 def test_the_model_computes_in_float16_with_float32_weights(tmp_path):
-  trainer = Trainer(_config(tmp_path), cpu_strategy(1))
+  trainer = TensorFlowEngine(_config(tmp_path), cpu_strategy(1))
   conv = next(layer for layer in trainer.model.layers
               if isinstance(layer, keras.layers.Conv2D))
   assert conv.compute_dtype == "float16"
@@ -71,7 +71,7 @@ def test_scaled_gradients_give_the_step_of_unscaled_ones(
   for tag, scale in (("plain", None), ("scaled", 2.0 ** 10)):
     cfg = _config(tmp_path / tag, precision="float32", optimizer=optimizer,
                   gradient_all_reduce=summation)
-    trainer = Trainer(cfg, cpu_strategy(2), model_fn=tiny_resnet)
+    trainer = TensorFlowEngine(cfg, cpu_strategy(2), model_fn=tiny_resnet)
     if scale:
       with trainer.strategy.scope():
         trainer.replica_step.loss_scale = DynamicLossScale(scale)
@@ -89,7 +89,7 @@ def test_scaled_gradients_give_the_step_of_unscaled_ones(
 
 def test_an_overflowing_step_is_skipped_and_halves_the_scale(tmp_path):
   cfg = _config(tmp_path, steps_per_loop=3, train_steps=3)
-  trainer = Trainer(cfg, cpu_strategy(2))
+  trainer = TensorFlowEngine(cfg, cpu_strategy(2))
   with trainer.strategy.scope():
     # Big enough that float16 backward overflows, then finite at S / 2**k.
     trainer.replica_step.loss_scale.scale.assign(2.0 ** 40)
@@ -103,7 +103,7 @@ def test_an_overflowing_step_is_skipped_and_halves_the_scale(tmp_path):
 
 
 def test_the_scale_doubles_after_growth_steps_finite_steps(tmp_path):
-  trainer = Trainer(_config(tmp_path), cpu_strategy(2))
+  trainer = TensorFlowEngine(_config(tmp_path), cpu_strategy(2))
   trainer.loss_scale.growth_steps = 2
   start = float(trainer.loss_scale.scale.numpy())
   images, labels = _data(3)
@@ -116,7 +116,7 @@ def test_the_scale_doubles_after_growth_steps_finite_steps(tmp_path):
 def test_a_run_counts_skipped_steps_and_resumes_with_its_scale(tmp_path):
   images, labels = _data(4)
   cfg = _config(tmp_path, train_steps=2, steps_per_loop=2)
-  first = Trainer(cfg, cpu_strategy(2))
+  first = TensorFlowEngine(cfg, cpu_strategy(2))
   with first.strategy.scope():
     first.loss_scale.scale.assign(2.0 ** 40)
   first.fit(_dataset_fn(images, labels))
@@ -124,7 +124,7 @@ def test_a_run_counts_skipped_steps_and_resumes_with_its_scale(tmp_path):
   assert sum(r["skipped_steps"] for r in records) >= 1
   scale = float(first.loss_scale.scale.numpy())
   assert scale < 2.0 ** 40
-  again = Trainer(cfg.replace(train_steps=first.step + 1), cpu_strategy(2))
+  again = TensorFlowEngine(cfg.replace(train_steps=first.step + 1), cpu_strategy(2))
   again.restore()
   assert float(again.loss_scale.scale.numpy()) == scale
 
@@ -159,14 +159,14 @@ def test_a_loss_that_stays_nan_stops_the_run_instead_of_hanging(tmp_path,
   # One replica: stopped this way under 2 CPU replicas, the run leaves a
   # collective behind that breaks the next strategy's first gradient
   # all-reduce in this process (seen in CI; a main.py run exits instead).
-  trainer = Trainer(cfg, cpu_strategy(1), loop_callback=bounded)
+  trainer = TensorFlowEngine(cfg, cpu_strategy(1))
   if trainer.loss_scale is not None:
     with trainer.strategy.scope():
       trainer.loss_scale.scale.assign(4.0)  # two halvings to the floor
   with pytest.raises(loop_report.NonFiniteLossError,
                      match=r"last 3 host loops.*cannot pass step 0.*"
                            r"checkpoint is \S*ckpt-0\. Restart"):
-    trainer.fit(_dataset_fn(images, labels))
+    trainer.fit(_dataset_fn(images, labels), loop_callback=bounded)
   records = read_metrics(str(tmp_path))
   # The loops before the stop, each logged without a loss or top-1.
   assert [r["skipped_steps"] for r in records] == [2] * len(records)

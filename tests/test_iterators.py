@@ -1,6 +1,6 @@
 """Input iterators never stall a run when they go away (issue 38):
 evaluations share one iterator, and finished iterators are dropped on a
-thread of their own (resnet_tpu/train/iterators.py). The stall itself is
+thread of their own (resnet_tpu/engines/tensorflow/iterators.py). The stall itself is
 measured, old path against new, by lab/bench_eval.py."""
 import sys
 import threading
@@ -12,8 +12,9 @@ import tensorflow as tf
 
 from conftest import cpu_strategy
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.train import iterators
-from resnet_tpu.train.trainer import Trainer
+from resnet_tpu.engines.tensorflow import iterators
+from resnet_tpu.engines.tensorflow.engine import EvalInput
+from resnet_tpu.engines.tensorflow.engine import TensorFlowEngine
 from tiny_model import tiny_resnet
 
 IMAGE, CLASSES = 32, 10
@@ -71,31 +72,32 @@ def _train_fn(ctx):
       ctx.get_per_replica_batch_size(16), drop_remainder=True).repeat()
 
 
-def _trainer(tmp_path, **overrides) -> Trainer:
+def _trainer(tmp_path, **overrides) -> TensorFlowEngine:
   cfg = TrainConfig.tiny(str(tmp_path), **{
       "use_synthetic_data": True, "num_classes": CLASSES,
       "image_size": IMAGE, "global_batch_size": 16, "eval_batch_size": 16,
       "train_steps": 2, "steps_per_loop": 1, "num_train_images": 10_000,
       **overrides})
-  return Trainer(cfg, cpu_strategy(2), model_fn=tiny_resnet)
+  return TensorFlowEngine(cfg, cpu_strategy(2), model_fn=tiny_resnet)
 
 
 def test_evaluations_share_one_iterator_and_each_reads_the_whole_set_once(
     tmp_path):
   trainer = _trainer(tmp_path)
   eval_fn = _eval_fn(num_real=21)  # the last batch partly padding
-  first = trainer.evaluate(eval_fn, eval_steps=2)
+  first = trainer.evaluate(EvalInput(eval_fn, 2))
   iterator = trainer._eval_input.iterator
-  again = [trainer.evaluate(eval_fn, eval_steps=2) for _ in range(3)]
+  again = [trainer.evaluate(EvalInput(eval_fn, 2)) for _ in range(3)]
   assert trainer._eval_input.iterator is iterator
   for record in again:
-    assert record["examples"] == first["examples"] == 21
+    assert record.examples == first.examples == 21
     for key in ("loss", "top1", "top5"):
-      assert record[key] == pytest.approx(first[key], rel=1e-6), key
+      assert getattr(record, key) == pytest.approx(getattr(first, key),
+                                            rel=1e-6), key
   # Another eval set (or length) gets an iterator of its own.
-  half = trainer.evaluate(eval_fn, eval_steps=1)
+  half = trainer.evaluate(EvalInput(eval_fn, 1))
   assert trainer._eval_input.iterator is not iterator
-  assert half["examples"] == 16
+  assert half.examples == 16
   trainer.close_inputs()
   assert trainer._eval_input is None
 
@@ -103,7 +105,7 @@ def test_evaluations_share_one_iterator_and_each_reads_the_whole_set_once(
 def test_an_eval_set_shorter_than_eval_steps_is_refused(tmp_path):
   trainer = _trainer(tmp_path)
   with pytest.raises(ValueError, match="eval_steps=2 reads 4"):
-    trainer.evaluate(_eval_fn(num_real=32, batches=1), eval_steps=2)
+    trainer.evaluate(EvalInput(_eval_fn(num_real=32, batches=1), 2))
 
 
 def test_fit_hands_release_the_last_reference_to_each_iterator(

@@ -22,7 +22,7 @@ import numpy as np
 
 from conftest import cpu_strategy
 import multi_worker_train as worker
-from resnet_tpu.train.trainer import Trainer
+from resnet_tpu.engines.tensorflow.engine import TensorFlowEngine
 from resnet_tpu.model.resnet import build_model
 
 WORKERS = 4
@@ -96,7 +96,7 @@ def test_4_loopback_workers_match_a_4_replica_mirrored_run(tmp_path):
   np.savez(init_path, *initial)
   processes = _start_workers(tmp_path, init_path)
   try:
-    reference = Trainer(
+    reference = TensorFlowEngine(
         worker.config(str(tmp_path / "reference"),
                       collective_timeout_s=COLLECTIVE_TIMEOUT_S),
         cpu_strategy(WORKERS))

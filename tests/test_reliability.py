@@ -21,11 +21,11 @@ import tensorflow as tf
 from tensorflow.python.checkpoint import checkpoint_management
 
 from conftest import cpu_strategy
-from resnet_tpu.train import cadence
 from resnet_tpu.train import loop_report
+from resnet_tpu.train import loop
 from resnet_tpu.train import preemption
 from resnet_tpu.train import storage
-from resnet_tpu.train import trainer as trainer_lib
+from resnet_tpu.engines.tensorflow import engine as engine_lib
 from resnet_tpu.config import ConfigError
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.train.metrics_log import read_metrics
@@ -38,8 +38,8 @@ BATCH = 8
 STARTUP_TIMEOUT_S = 300
 
 
-def _trainer(cfg: TrainConfig, strategy) -> trainer_lib.Trainer:
-  return trainer_lib.Trainer(cfg, strategy, model_fn=tiny_resnet)
+def _trainer(cfg: TrainConfig, strategy) -> engine_lib.TensorFlowEngine:
+  return engine_lib.TensorFlowEngine(cfg, strategy, model_fn=tiny_resnet)
 
 
 def _config(model_dir, **overrides) -> TrainConfig:
@@ -174,7 +174,7 @@ def test_save_cut_short_leaves_previous_checkpoint_latest(tmp_path,
                                                           monkeypatch):
   images, labels = _batches(4)
   trainer = _trainer(_config(tmp_path, train_steps=3),
-                                cpu_strategy(2))
+                     cpu_strategy(2))
   commit = checkpoint_management.update_checkpoint_state_internal
 
   def killed_before_commit_of_step_3(save_dir, model_checkpoint_path,
@@ -200,10 +200,10 @@ def test_save_cut_short_leaves_previous_checkpoint_latest(tmp_path,
       f.write(data)
   assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]
 
-  resumed = _trainer(_config(tmp_path, train_steps=3),
-                                cpu_strategy(2))
-  assert resumed.restore() == 2
-  assert int(resumed.input_batches.numpy()) == 2
+  resumed = _trainer(_config(tmp_path, train_steps=3), cpu_strategy(2))
+  # The loop's restore: the engine's, and the records of later steps go.
+  assert loop.TrainingLoop(resumed).restore() == 2
+  assert resumed.input_batches == 2
   assert not np.array_equal(resumed.model.variables[0].numpy(),
                             trainer.model.variables[0].numpy())  # step 3's
   assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
@@ -226,7 +226,8 @@ def test_damaged_latest_checkpoint_falls_back_to_the_intact_one_exactly(
 
   resumed = _trainer(_config(model_dir), cpu_strategy(2))
   with caplog.at_level("WARNING"):
-    assert resumed.restore() == 3
+    resumed.restore()
+    assert resumed.step == 3
   assert "ckpt-4 is damaged" in caplog.text
   assert "ckpt-4.data-00000-of-00001" in os.listdir(
       model_dir / "damaged" / "ckpt-4")
@@ -261,8 +262,9 @@ def test_a_second_set_aside_of_the_same_checkpoint_keeps_the_first(
     trainer = _trainer(_config(tmp_path, train_steps=2), cpu_strategy(1))
     trainer.fit(_dataset_fn(images, labels))  # (re)writes ckpt-2
     _truncate(tmp_path / "ckpt-2.data-00000-of-00001", keep=0.3 * attempt)
-    assert _trainer(_config(tmp_path, train_steps=2),
-                    cpu_strategy(1)).restore() == 1
+    again = _trainer(_config(tmp_path, train_steps=2), cpu_strategy(1))
+    again.restore()
+    assert again.step == 1
   first, second = (tmp_path / "damaged" / "ckpt-2",
                    tmp_path / "damaged" / "ckpt-2.2")
   data = "ckpt-2.data-00000-of-00001"
@@ -302,7 +304,8 @@ def test_a_transient_error_on_restore_is_retried_and_moves_nothing(
   trainer = _trainer(_config(tmp_path, train_steps=3, keep_checkpoints=keep),
                      cpu_strategy(1))
   trainer.checkpoints.retry_delays_s = (0.0,)
-  assert trainer.restore() == 3
+  trainer.restore()
+  assert trainer.step == 3
   assert [os.path.basename(c) for c in calls] == ["ckpt-3", "ckpt-3"]
   assert _files(tmp_path) == before  # nothing moved, no damaged/
   assert tf.train.latest_checkpoint(tmp_path).endswith("ckpt-3")
@@ -350,7 +353,8 @@ def test_nan_loss_stops_naming_the_step_and_keeps_last_good_checkpoint(
   assert not os.path.exists(tmp_path / "ckpt-6.index")
   restored = _trainer(_config(tmp_path, train_steps=6),
                                  cpu_strategy(2))
-  assert restored.restore() == 4
+  restored.restore()
+  assert restored.step == 4
   assert all(np.isfinite(v).all() for v in _values(restored.model.variables))
 
 
@@ -385,47 +389,7 @@ def test_skip_nonfinite_steps_trains_as_if_the_bad_batch_was_never_there(
       1, 0]
 
 
-# --- hard kill: the wall-clock cadence ---------------------------------------
-
-class _FakeClock:
-  """A monotonic clock that moves `minutes` each time it is read."""
-
-  def __init__(self, minutes: float):
-    self.seconds = 0.0
-    self.step_s = minutes * 60
-
-  def __call__(self) -> float:
-    self.seconds += self.step_s
-    return self.seconds
-
-
-def test_default_flags_checkpoint_within_ten_minutes_without_an_eval(
-    tmp_path):
-  """A hard kill (no SIGTERM) then loses minutes, not the run."""
-  images, labels = _batches(6)
-  cfg = _config(tmp_path, train_steps=6, checkpoint_every_steps=0)
-  assert (cfg.run.checkpoint_every_minutes,
-          cfg.run.eval_every_steps) == (10.0, 0)
-  trainer = _trainer(cfg, cpu_strategy(1))
-  # Each host loop reads the clock once: 4 minutes a loop; the timer
-  # restarts (one more read) at the start and after each save.
-  trainer.save_timer = cadence.SaveTimer(cfg.run.checkpoint_every_minutes,
-                                         now=_FakeClock(4))
-  trainer.fit(_dataset_fn(images, labels))
-  assert sorted(f for f in os.listdir(tmp_path) if f.endswith(".index")) == [
-      "ckpt-3.index", "ckpt-6.index"]
-
-
-def test_checkpoint_every_minutes_0_saves_only_on_the_step_cadence(tmp_path):
-  images, labels = _batches(6)
-  cfg = _config(tmp_path, train_steps=6, checkpoint_every_steps=0,
-                checkpoint_every_minutes=0.0)
-  trainer = _trainer(cfg, cpu_strategy(1))
-  trainer.save_timer = cadence.SaveTimer(0.0, now=_FakeClock(4))
-  trainer.fit(_dataset_fn(images, labels))
-  assert [f for f in os.listdir(tmp_path) if f.endswith(".index")] == [
-      "ckpt-6.index"]
-
+# --- spot machines: SIGTERM within --max_loop_seconds ----------------------
 
 def test_sigterm_is_answered_within_max_loop_seconds_whatever_the_loop(
     tmp_path):

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from resnet_tpu import config as config_lib
 from resnet_tpu import preflight
+from resnet_tpu.engines.tensorflow import startup as tf_startup
 from resnet_tpu import run as run_lib
 from resnet_tpu.config import ConfigError
 from resnet_tpu.config import TrainConfig
@@ -37,7 +38,7 @@ def test_a_changed_batch_stops_the_resume_naming_it_until_allowed(
   run_lib.run(_config(tmp_path), model_fn=tiny_resnet)
   changed = _config(tmp_path, global_batch_size=16, seed=3, train_steps=4)
   with monkeypatch.context() as patch:
-    patch.setattr(run_lib, "create_strategy", _no_strategy)
+    patch.setattr(tf_startup, "create_strategy", _no_strategy)
     with pytest.raises(ConfigError) as error:
       run_lib.run(changed, model_fn=tiny_resnet)
   message = str(error.value)

@@ -12,6 +12,7 @@ import damaged_shards
 from resnet_tpu.inputs import record_guards
 from resnet_tpu.inputs import input_pipeline
 from resnet_tpu import data_checks
+from resnet_tpu.engines.tensorflow import startup as tf_startup
 from resnet_tpu import run as run_lib
 from resnet_tpu.runtime import compat
 from resnet_tpu.inputs import shard_audit
@@ -191,7 +192,7 @@ def test_run_stops_before_start_up_on_a_file_shorter_than_its_manifest(
   def no_strategy(*args, **kwargs):
     raise AssertionError("the strategy started before the sizes were checked")
 
-  monkeypatch.setattr(run_lib, "create_strategy", no_strategy)
+  monkeypatch.setattr(tf_startup, "create_strategy", no_strategy)
   (tmp_path / "data").mkdir()
   shards = damaged_shards.write_shards(tmp_path / "data")
   damaged_shards.write_shards(tmp_path / "data", "validation", num_files=1)

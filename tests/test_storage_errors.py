@@ -9,7 +9,7 @@ import main as main_lib
 from resnet_tpu import run as run_lib
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.train import storage
-from resnet_tpu.train.trainer import Trainer
+from resnet_tpu.engines.tensorflow.engine import TensorFlowEngine
 from conftest import cpu_strategy
 from tiny_model import tiny_resnet
 
@@ -38,8 +38,9 @@ def test_a_checkpoint_that_cannot_be_written_ends_the_run_in_one_line(
   assert f"The last good checkpoint is {last};" in message
   # It stays the latest, and it restores.
   assert tf.train.latest_checkpoint(cfg.model_dir) == last
-  trainer = Trainer(cfg, cpu_strategy(1), model_fn=tiny_resnet)
-  assert trainer.restore() == 1
+  trainer = TensorFlowEngine(cfg, cpu_strategy(1), model_fn=tiny_resnet)
+  trainer.restore()
+  assert trainer.step == 1
 
 
 def test_a_model_dir_gone_while_training_is_named(tmp_path):

@@ -23,7 +23,7 @@ from resnet_tpu.runtime import device_check
 from resnet_tpu.parallel import strategy as strategy_lib
 from resnet_tpu.config import ConfigError
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.train.trainer import Trainer
+from resnet_tpu.engines.tensorflow.engine import TensorFlowEngine
 import simulated_tpu
 from collective_helpers import communication_ops
 
@@ -135,7 +135,7 @@ def _traced_step(model_dir: str, slice_name: str, depth: int,
       global_batch_size=2 * replicas, bn_group_size=bn_group_size,
       precision="bfloat16", bfloat16_conv_kernels="native")
   with tf.Graph().as_default() as graph:
-    trainer = Trainer(cfg, strategy, bn_groups=layout.group_assignment)
+    trainer = TensorFlowEngine(cfg, strategy, bn_groups=layout.group_assignment)
     images = tf.compat.v1.placeholder(tf.float32, [2, 32, 32, 3])
     labels = tf.compat.v1.placeholder(tf.int32, [2])
     strategy.run(trainer.replica_step.train, args=(images, labels))
@@ -181,7 +181,7 @@ def test_a_tpu_host_loop_averages_the_moving_statistics_in_one_sum(
       str(tmp_path), strategy="tpu", use_synthetic_data=True,
       resnet_depth=18, global_batch_size=16, bn_group_size=4)
   with tf.Graph().as_default() as graph:
-    trainer = Trainer(cfg, strategy)
+    trainer = TensorFlowEngine(cfg, strategy)
     strategy.run(trainer.replica_step.average_moving_statistics)
   assert communication_ops(graph.as_graph_def()) == {"CrossReplicaSum": 1}
   assert simulated_tpu.cross_replica_sums(graph) == {(tuple(range(8)),): 1}

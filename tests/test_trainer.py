@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import cpu_strategy
-from resnet_tpu.train import trainer as trainer_lib
+from resnet_tpu.engines.tensorflow import engine as engine_lib
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.model.distributed_batch_norm import DistributedBatchNormalization
 from resnet_tpu.train.metrics_log import REQUIRED_KEYS
@@ -26,8 +26,8 @@ def _config(tmp_path, **overrides) -> TrainConfig:
       "weight_decay": 1e-3, **overrides})
 
 
-def _trainer(cfg, strategy, model_fn=tiny_resnet) -> trainer_lib.Trainer:
-  return trainer_lib.Trainer(cfg, strategy, model_fn=model_fn)
+def _trainer(cfg, strategy, model_fn=tiny_resnet) -> engine_lib.TensorFlowEngine:
+  return engine_lib.TensorFlowEngine(cfg, strategy, model_fn=model_fn)
 
 
 def _examples(n, seed=0):
@@ -126,7 +126,7 @@ def test_accumulating_k_micro_batches_equals_one_k_times_larger_step(
       _frozen_bn_tiny_resnet)
   _copy_weights(big, micro)
   before = _weights(big)
-  assert micro.accumulation_steps(0) == 2
+  assert micro.cfg.run.clock.global_batch_at_step(0) == 32  # 2 x 16
   _run_steps(big, _train_fn(images, labels, 32), 1)
   iterator = iter(micro.strategy.distribute_datasets_from_function(
       _train_fn(images, labels, 16)))
@@ -144,7 +144,8 @@ def test_resume_continues_from_saved_step_with_identical_weights(tmp_path):
   first.fit(_train_fn(images, labels, 16))
   saved = _weights(first)
   resumed = _trainer(cfg, cpu_strategy(2))
-  assert resumed.restore() == 2
+  resumed.restore()
+  assert resumed.step == 2
   for a, b in zip(saved, _weights(resumed)):
     np.testing.assert_array_equal(a, b)
   for a, b in zip(first.optimizer.variables, resumed.optimizer.variables):
@@ -186,7 +187,7 @@ def test_a_finished_run_run_again_evaluates_its_final_weights_only(
     np.testing.assert_array_equal(a.numpy(), b.numpy())
   # Its statistics are the final weights' over the next 2 training batches
   # (the input is at batch 2 of a 2-batch repeat: batches 0 and 1).
-  from resnet_tpu.model.bn_recompute import BNStatisticsRecomputer
+  from resnet_tpu.engines.tensorflow.bn_recompute import BNStatisticsRecomputer
   BNStatisticsRecomputer(first.model, first.strategy).recompute(
       iter(first.strategy.distribute_datasets_from_function(train_fn)), 2)
   bn = [v for v in first.model.non_trainable_variables
@@ -241,8 +242,9 @@ def test_evaluate_without_fit_scores_the_restored_checkpoint_as_fit_did(
   last = _trainer(cfg, cpu_strategy(2)).fit(_train_fn(images, labels, 16),
                                             eval_fn, eval_steps=2)
   fresh = _trainer(cfg, cpu_strategy(2))
-  assert fresh.restore() == 2
-  again = fresh.evaluate(eval_fn, eval_steps=2)
-  assert again["step"] == last["step"] == 2
+  fresh.restore()
+  assert fresh.step == 2
+  again = fresh.evaluate(engine_lib.EvalInput(eval_fn, 2))
+  assert fresh.step == last["step"] == 2
   for key in ("loss", "top1", "top5", "examples"):
-    assert again[key] == pytest.approx(last[key], rel=1e-6), key
+    assert getattr(again, key) == pytest.approx(last[key], rel=1e-6), key

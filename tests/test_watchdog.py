@@ -1,4 +1,4 @@
-"""train/watchdog.py: the bound of --collective_timeout_s on a multi-host
+"""engines/jax/watchdog.py: the bound of --collective_timeout_s on a multi-host
 JAX run ends the process only after that long without progress, counted
 from the first progress (tests_jax/test_multi_host_failure.py runs it in
 main.py with a stopped peer)."""
@@ -6,7 +6,7 @@ import threading
 import time
 
 from resnet_tpu.train import preemption
-from resnet_tpu.train.watchdog import Watchdog
+from resnet_tpu.engines.jax.watchdog import Watchdog
 
 TIMEOUT_S = 1.0
 # Long enough for the watchdog's thread on a loaded 2-core machine.

@@ -17,7 +17,7 @@ from conftest import cpu_strategy
 from resnet_tpu.parallel import bn_all_reduce
 from tools import xla_compile
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.train.trainer import Trainer
+from resnet_tpu.engines.tensorflow.engine import TensorFlowEngine
 from tiny_model import tiny_resnet
 
 IMAGE = 32
@@ -42,8 +42,8 @@ def _batch(seed=0):
   return tf.constant(images), tf.constant(labels)
 
 
-def _trainer(tmp_path, model_fn=tiny_resnet, **overrides) -> Trainer:
-  return Trainer(_config(tmp_path, **overrides), cpu_strategy(1),
+def _trainer(tmp_path, model_fn=tiny_resnet, **overrides) -> TensorFlowEngine:
+  return TensorFlowEngine(_config(tmp_path, **overrides), cpu_strategy(1),
                  model_fn=model_fn)
 
 

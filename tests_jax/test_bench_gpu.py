@@ -25,8 +25,8 @@ import engine_cases as cases
 from lab import bench_gpu
 from resnet_tpu.optim.optimizers import build_optimizer
 from resnet_tpu.parallel.bn_all_reduce_jax import build_mesh
-from resnet_tpu.train.jax_step import JaxTrainStep
-from resnet_tpu.train.jax_step import LossConfig
+from resnet_tpu.engines.jax.step import JaxTrainStep
+from resnet_tpu.engines.jax.state import LossConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # As test_engines.TOLERANCES: 1e-3 relative plus 2e-4 of the tensor's

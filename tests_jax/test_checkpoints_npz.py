@@ -1,4 +1,4 @@
-"""The JAX engine's .npz checkpoint store (train/checkpoints_npz.py), on
+"""The JAX engine's .npz checkpoint store (engines/jax/npz_checkpoints.py), on
 small states: what TensorFlow's store gives a run, this one gives too."""
 import numpy as np
 import pytest
@@ -7,8 +7,8 @@ from resnet_tpu import files
 from resnet_tpu.config import ConfigError
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.train import checkpoint_paths
-from resnet_tpu.train.checkpoints_npz import NpzCheckpoints
-from resnet_tpu.train.jax_step import TrainState
+from resnet_tpu.engines.jax.npz_checkpoints import NpzCheckpoints
+from resnet_tpu.engines.jax.state import TrainState
 from resnet_tpu.train import storage
 
 

@@ -2,7 +2,7 @@
 tests/test_collective_census.py does for TensorFlow's).
 
 One step of ResNet-18 on 8 CPU devices should communicate through two
-kinds of all-reduce and nothing else (train/jax_step.py):
+kinds of all-reduce and nothing else (engines/jax/step.py):
 - one over all replicas, carrying every gradient, every BN moving statistic
   and the metric sums as one variadic all-reduce (Ying et al. §3.3's sum,
   the moving statistics' average of moving_statistics.py);
@@ -24,8 +24,8 @@ from resnet_tpu.optim.optimizers import build_optimizer
 from resnet_tpu.parallel.bn_all_reduce_jax import build_mesh
 from resnet_tpu.parallel.bn_all_reduce_jax import GROUPS_AXIS
 from resnet_tpu.parallel.bn_all_reduce_jax import IN_GROUP_AXIS
-from resnet_tpu.train.jax_step import JaxTrainStep
-from resnet_tpu.train.jax_step import LossConfig
+from resnet_tpu.engines.jax.step import JaxTrainStep
+from resnet_tpu.engines.jax.state import LossConfig
 
 DEVICES = 8
 BN_LAYERS = 20  # ResNet-18

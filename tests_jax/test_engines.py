@@ -1,9 +1,9 @@
 """One Keras model on two engines: the project's training step and its
 optimizers give the same numbers on JAX as on TensorFlow (issue 48).
 
-TensorFlow's side is the project's TF step (train_step.ReplicaStep under
+TensorFlow's side is the project's TF step (ReplicaStep under
 MirroredStrategy over 8 virtual CPUs), run by tf_reference.py; JAX's is
-train/jax_step.py under shard_map over 8 virtual CPU devices, from the same
+engines/jax/step.py under shard_map over 8 virtual CPU devices, from the same
 initial weights and batch.
 
 Tolerances: in float64, gradients, updated weights and moving statistics
@@ -33,8 +33,8 @@ import pytest
 import engine_cases as cases
 from resnet_tpu.optim.optimizers import build_optimizer
 from resnet_tpu.parallel.bn_all_reduce_jax import build_mesh
-from resnet_tpu.train.jax_step import JaxTrainStep
-from resnet_tpu.train.jax_step import LossConfig
+from resnet_tpu.engines.jax.step import JaxTrainStep
+from resnet_tpu.engines.jax.state import LossConfig
 
 # float64: (rtol, atol as a fraction of the tensor's largest magnitude).
 TOLERANCES = {"float64": (1e-3, 2e-4)}

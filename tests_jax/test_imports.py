@@ -16,9 +16,9 @@ ENGINE_NEUTRAL = (
     "resnet_tpu.model.batch_statistics", "resnet_tpu.model.bfloat16_convs",
     "resnet_tpu.model.keras_weights", "resnet_tpu.optim.optimizers",
     "resnet_tpu.optim.lars", "resnet_tpu.optim.rmsprop_warmup",
-    "resnet_tpu.optim.schedules", "resnet_tpu.train.jax_step",
+    "resnet_tpu.optim.schedules", "resnet_tpu.engines.jax.step",
     "resnet_tpu.parallel.bn_all_reduce_jax",
-    "resnet_tpu.parallel.jax_processes", "lab.bench_gpu")
+    "resnet_tpu.engines.jax.processes", "lab.bench_gpu")
 # Modules that belong to TensorFlow's engine.
 TF_MODULES = ("tensorflow", "tf_keras", "resnet_tpu.model.batch_norm_tf",
               "resnet_tpu.optim.optimizers_tf",

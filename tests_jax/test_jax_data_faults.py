@@ -2,13 +2,13 @@
 TensorFlow: a file with a CRC mismatch (its size intact, so the pre-flight
 passes it) loses its later records in every pass; the JAX run counts them
 in metrics.jsonl and trains on, or, with --on_corrupt_shard=fail, stops
-naming the file. run_jax.run in this process, on its 8 virtual devices."""
+naming the file. run.run in this process, on its 8 virtual devices."""
 import os
 import sys
 
 import pytest
 
-from resnet_tpu import run_jax
+from resnet_tpu import run
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.inputs import shard_audit
 from resnet_tpu.train.metrics_log import read_metrics
@@ -37,7 +37,7 @@ def _corrupt_run(tmp_path, **overrides) -> tuple[TrainConfig, str]:
 
 def test_a_jax_run_counts_lost_records_in_metrics_and_trains_on(tmp_path):
   cfg, _ = _corrupt_run(tmp_path)
-  run_jax.run(cfg)
+  run.run(cfg)
   train = [r for r in read_metrics(cfg.model_dir) if r["split"] == "train"]
   assert [r["step"] for r in train] == [2, 4]  # trained on to the end
   # 32 records read in 4 steps of 8, at least one pass's 4 lost.
@@ -49,4 +49,4 @@ def test_a_jax_run_counts_lost_records_in_metrics_and_trains_on(tmp_path):
 def test_on_corrupt_shard_fail_stops_a_jax_run_naming_the_file(tmp_path):
   cfg, path = _corrupt_run(tmp_path, on_corrupt_shard="fail")
   with pytest.raises(shard_audit.CorruptShardError, match=path):
-    run_jax.run(cfg)
+    run.run(cfg)

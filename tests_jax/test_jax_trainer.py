@@ -1,5 +1,5 @@
 """The JAX trainer in this process (issue 49), on 2 of the session's virtual
-CPU devices, fed numpy batches as jax_input.py feeds it:
+CPU devices, fed numpy batches as engines/jax/host_batches.py feeds it:
 
 - --skip_nonfinite_steps: a run that meets a batch whose loss is NaN trains
   as if that batch had never been in the data, bit for bit, as
@@ -13,11 +13,10 @@ CPU devices, fed numpy batches as jax_input.py feeds it:
 - --bn_stats=recompute (Akiba et al. 2017): the recomputed statistics of
   the first BN layer are the mean and variance of its input over every
   image of the batches;
-- storage and the wall clock as tests/test_storage_errors.py and
-  tests/test_reliability.py show them on TensorFlow: a checkpoint that
-  cannot be written ends the run in one line naming the last good one,
-  which restores, in either checkpoint store; the default
-  --checkpoint_every_minutes=10 saves without a step cadence;
+- storage as tests/test_storage_errors.py shows it on TensorFlow: a
+  checkpoint that cannot be written ends the run in one line naming the
+  last good one, which restores, in either checkpoint store (the wall-clock
+  cadence is the loop's: tests/test_loop.py);
 - --precision=float16 as tests/test_float16.py shows it on TensorFlow:
   float16 compute on float32 weights, exact scaling, an overflowing step
   skipped with S halved, S doubled after its growth steps, S resumed from
@@ -36,11 +35,10 @@ from resnet_tpu.config import TrainConfig
 from resnet_tpu.optim.optimizers import build_optimizer
 from resnet_tpu.model.resnet import build_model
 from resnet_tpu.parallel.bn_all_reduce_jax import build_mesh
-from resnet_tpu.train import cadence
-from resnet_tpu.train import jax_step
+from resnet_tpu.engines.jax import step as jax_step
 from resnet_tpu.train import loop_report
 from resnet_tpu.train import storage
-from resnet_tpu.train.jax_trainer import JaxTrainer
+from resnet_tpu.engines.jax.engine import JaxEngine
 from resnet_tpu.train.metrics_log import read_metrics
 
 IMAGE = 32
@@ -48,7 +46,7 @@ CLASSES = 10
 BATCH = 8
 
 
-def _trainer(model_dir: str, loop_callback=None, **flags) -> JaxTrainer:
+def _trainer(model_dir: str, **flags) -> JaxEngine:
   """A tiny run's trainer on 2 devices, its weights drawn from seed 0."""
   cfg = TrainConfig(model_dir=model_dir).replace(
       backend="jax", resnet_depth=18, image_size=IMAGE, num_classes=CLASSES,
@@ -56,7 +54,7 @@ def _trainer(model_dir: str, loop_callback=None, **flags) -> JaxTrainer:
       **{"warmup_epochs": 0, "checkpoint_every_steps": 0,
          "checkpoint_every_minutes": 0, **flags})
   keras.utils.set_random_seed(0)
-  return JaxTrainer(cfg, build_mesh(1, jax.devices()[:2]), loop_callback)
+  return JaxEngine(cfg, build_mesh(1, jax.devices()[:2]))
 
 
 def _batches(count: int, nan_at: int | None = None
@@ -110,8 +108,8 @@ def test_profile_steps_records_the_loops_of_the_range(tmp_path):
 @pytest.mark.parametrize("store", ["tensorflow", "npz"])
 def test_a_checkpoint_that_cannot_be_written_ends_the_run_in_one_line(
     tmp_path, monkeypatch, store):
-  """Either store (checkpoints_jax.py where TensorFlow is installed,
-  checkpoints_npz.py where it is not): ckpt-1 is written, ckpt-2's first
+  """Either store (engines/jax/tf_checkpoints.py where TensorFlow is installed,
+  engines/jax/npz_checkpoints.py where it is not): ckpt-1 is written, ckpt-2's first
   file cannot be."""
   if store == "npz":
     monkeypatch.setattr(files, "tensorflow_installed", lambda: False)
@@ -123,39 +121,17 @@ def test_a_checkpoint_that_cannot_be_written_ends_the_run_in_one_line(
       os.makedirs(blocked)
 
   flags = dict(train_steps=4, steps_per_loop=1, checkpoint_every_steps=1)
-  trainer = _trainer(str(tmp_path), block_the_second_save, **flags)
+  trainer = _trainer(str(tmp_path), **flags)
   with pytest.raises(storage.StorageError) as error:
-    trainer.fit(_input(*_batches(4)))
+    trainer.fit(_input(*_batches(4)), loop_callback=block_the_second_save)
   message = str(error.value)
   last = f"{tmp_path}/ckpt-1{'.npz' if store == 'npz' else ''}"
   assert "\n" not in message and message.startswith(
       f"Writing a checkpoint to {tmp_path}"), message
   assert f"The last good checkpoint is {last};" in message, message
-  assert _trainer(str(tmp_path), **flags).restore() == 1
-
-
-class _FakeClock:
-  """A monotonic clock that moves `minutes` each time it is read."""
-
-  def __init__(self, minutes: float):
-    self.seconds = 0.0
-    self.step_s = minutes * 60
-
-  def __call__(self) -> float:
-    self.seconds += self.step_s
-    return self.seconds
-
-
-def test_default_flags_checkpoint_within_ten_minutes_without_an_eval(
-    tmp_path):
-  """Each host loop reads the clock once: 4 minutes a loop; the timer
-  restarts (one more read) at the start and after each save."""
-  trainer = _trainer(str(tmp_path), train_steps=6, steps_per_loop=1,
-                     checkpoint_every_minutes=10.0)
-  trainer.save_timer = cadence.SaveTimer(10.0, now=_FakeClock(4))
-  trainer.fit(_input(*_batches(6)))
-  assert sorted(f for f in os.listdir(tmp_path) if f.endswith(".index")) == [
-      "ckpt-3.index", "ckpt-6.index"]
+  again = _trainer(str(tmp_path), **flags)
+  again.restore()
+  assert again.step == 1
 
 
 def _close(got, want, rtol: float = 1e-5) -> None:
@@ -225,8 +201,8 @@ def test_recomputed_bn_statistics_are_those_of_the_batches():
 # --precision=float16 on JAX: the TensorFlow path's tests/test_float16.py.
 
 
-def _with_scale(trainer: JaxTrainer, scale: float,
-                growth_steps: int = 2000) -> JaxTrainer:
+def _with_scale(trainer: JaxEngine, scale: float,
+                growth_steps: int = 2000) -> JaxEngine:
   """`trainer` with its step scaling the loss by `scale` (float32 models
   too: the scaling alone, without float16's underflow)."""
   step = trainer.step_fn
@@ -237,12 +213,12 @@ def _with_scale(trainer: JaxTrainer, scale: float,
   return trainer
 
 
-def _one_step(trainer: JaxTrainer, images, labels) -> None:
+def _one_step(trainer: JaxEngine, images, labels) -> None:
   trainer.state, _ = trainer.step_fn.step(
       trainer.state, *trainer.step_fn.shard_batch(images, labels))
 
 
-def _scale(trainer: JaxTrainer) -> tuple[float, int]:
+def _scale(trainer: JaxEngine) -> tuple[float, int]:
   scale, good_steps = jax.device_get(trainer.state.loss_scale)
   return float(scale), int(good_steps)
 
@@ -302,7 +278,8 @@ def test_a_run_counts_skipped_steps_and_resumes_with_its_scale(
   scale = _scale(first)
   assert scale[0] < 2.0 ** 40
   again = _trainer(str(tmp_path), precision="float16", train_steps=3)
-  assert again.restore() == 2
+  again.restore()
+  assert again.step == 2
   assert _scale(again) == scale
 
 
@@ -317,7 +294,7 @@ def test_a_loss_that_stays_nan_stops_the_run_instead_of_hanging(tmp_path,
     loops.append(record)
     assert len(loops) < 10, "still training after 10 loops of skipped steps"
 
-  trainer = _trainer(str(tmp_path), bounded, train_steps=1000,
+  trainer = _trainer(str(tmp_path), train_steps=1000,
                      steps_per_loop=2, **flags)
   if trainer.state.loss_scale:  # two halvings to the floor
     trainer.state = trainer.step_fn.replicate(jax.device_get(
@@ -327,7 +304,7 @@ def test_a_loss_that_stays_nan_stops_the_run_instead_of_hanging(tmp_path,
   with pytest.raises(loop_report.NonFiniteLossError,
                      match=r"last 3 host loops.*cannot pass step 0.*"
                            r"checkpoint is \S*ckpt-0\. Restart"):
-    trainer.fit(_input(images, labels))
+    trainer.fit(_input(images, labels), loop_callback=bounded)
   records = read_metrics(tmp_path)
   assert [r["skipped_steps"] for r in records] == [2, 2, 2]
   assert not any("loss" in r or "top1" in r for r in records)

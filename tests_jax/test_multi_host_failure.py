@@ -6,13 +6,13 @@ Two jax.distributed processes on 127.0.0.1 train a small network on
 synthetic data. Once a checkpoint exists:
 - process 1 is stopped (SIGSTOP: alive, but it never answers). Process 0
   waits in its all-reduce, in C++, until the watchdog of
-  --collective_timeout_s (train/watchdog.py) exits 43, before
+  --collective_timeout_s (engines/jax/watchdog.py) exits 43, before
   jax.distributed's heartbeat timeout would abort it (exit 134). Both
   restarted, they resume from that checkpoint;
 - once they have saved again, process 1 is killed (SIGKILL: a VM that
   vanishes). Process 0's step fails in its all-reduce (gloo: connection
   reset); the trainer names the checkpoint and exits 43
-  (jax_processes.lost_peer), without waiting for jax.distributed's
+  (processes.lost_peer), without waiting for jax.distributed's
   shutdown, which would wait for the dead process and then abort.
 """
 import os

@@ -10,8 +10,8 @@ from resnet_tpu.model.resnet import build_model
 from resnet_tpu.model.resnet import dtype_policy
 from resnet_tpu.optim.optimizers import build_optimizer
 from resnet_tpu.parallel.bn_all_reduce_jax import build_mesh
-from resnet_tpu.train.jax_step import JaxTrainStep
-from resnet_tpu.train.jax_step import LossConfig
+from resnet_tpu.engines.jax.step import JaxTrainStep
+from resnet_tpu.engines.jax.state import LossConfig
 
 
 def _model(**overrides):

@@ -244,13 +244,14 @@ def test_bad_flags_on_jax_get_one_line(tmp_path, flag, message):
 
 
 def test_several_jax_processes_need_multi_worker():
-  from resnet_tpu import run_jax  # pylint: disable=g-import-not-at-top
-  run_jax.check_devices("cpu", "cpu", 1)
-  run_jax.check_devices("multi_worker", "cpu", 2)
-  with pytest.raises(run_jax.config_lib.ConfigError,
+  # pylint: disable-next=g-import-not-at-top
+  from resnet_tpu.engines.jax import startup
+  startup.check_devices("cpu", "cpu", 1)
+  startup.check_devices("multi_worker", "cpu", 2)
+  with pytest.raises(startup.config_lib.ConfigError,
                      match="JAX runs 4 processes .* under --strategy=tpu: "
                      "use --strategy=multi_worker"):
-    run_jax.check_devices("tpu", "tpu", 4)
+    startup.check_devices("tpu", "tpu", 4)
 
 
 def test_an_unknown_keras_backend_gets_one_line(tmp_path):

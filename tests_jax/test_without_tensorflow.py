@@ -2,7 +2,7 @@
 image (issue 49): main.py run by without_tensorflow.py, which hides it.
 
 The run trains on --use_synthetic_data, writes .npz checkpoints
-(checkpoints_npz.py) and metrics.jsonl without TensorBoard, resumes after
+(engines/jax/npz_checkpoints.py) and metrics.jsonl without TensorBoard, resumes after
 SIGTERM (exit 42), sets a damaged latest checkpoint aside, refuses to
 resume with other settings, and names in one line each flag that needs
 TensorFlow, before start-up; its checkpoints export where TensorFlow is. Any import of
@@ -94,7 +94,7 @@ np.save(sys.argv[3], logits.numpy())
 
 def _network_of(model_dir) -> keras.Model:
   """The network of a run without TensorFlow, built here on JAX, with its
-  latest checkpoint's weights (checkpoints_npz.py's layout)."""
+  latest checkpoint's weights (engines/jax/npz_checkpoints.py's layout)."""
   # pylint: disable=g-import-not-at-top
   from resnet_tpu import config as config_lib
   from resnet_tpu.model.resnet import build_model

@@ -3,7 +3,7 @@
 Runs in the TensorFlow environment (.venv), started by the JAX tests:
   python tests_jax/tf_reference.py OUTPUT_DIR
 For each (precision, BN group size) of engine_cases.STEP_CASES: the
-project's TF step (train_step.ReplicaStep under MirroredStrategy over 8
+project's TF step (ReplicaStep under MirroredStrategy over 8
 virtual CPUs, then the host loop's moving-statistics average) from TF's
 initial weights, written to step_<precision>_g<size>.npz as init/<path>,
 grad/<path> (summed over replicas), after/<path> and loss. For each optimizer case of engine_cases.OPTIMIZERS:
@@ -25,7 +25,7 @@ import tensorflow as tf  # noqa: E402
 import engine_cases as cases  # noqa: E402
 from resnet_tpu.optim.optimizers import build_optimizer  # noqa: E402
 from resnet_tpu.runtime import compat  # noqa: E402
-from resnet_tpu.train.train_step import ReplicaStep  # noqa: E402
+from resnet_tpu.engines.tensorflow.step import ReplicaStep  # noqa: E402
 
 tf.config.set_logical_device_configuration(
     tf.config.list_physical_devices("CPU")[0],

@@ -19,7 +19,7 @@ from tools import xla_compile
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.model.distributed_batch_norm import DistributedBatchNormalization
 from resnet_tpu.train.loop_result import LoopResult
-from resnet_tpu.train.trainer import Trainer
+from resnet_tpu.engines.tensorflow.engine import TensorFlowEngine
 from tools import bench_common
 
 CHECK_CLASSES = 10
@@ -100,7 +100,7 @@ def _examples(n: int, image_size: int, seed: int = 0):
   return images.astype(np.float32), labels.astype(np.int32)
 
 
-def _train_one_step(trainer: Trainer, images, labels) -> LoopResult:
+def _train_one_step(trainer: TensorFlowEngine, images, labels) -> LoopResult:
   """One step on `images`; replica i reads the i-th slice of the batch."""
   def dataset_fn(ctx):
     batch = ctx.get_per_replica_batch_size(len(images))
@@ -189,8 +189,8 @@ def replicas_equal_one_device(strategy, sizes: Sizes, tmp: str) -> Check:
                global_batch_size=len(images), bn_group_size=n)
   model_fn = (bench_common.small_convnet if sizes.small_equivalence_model
               else None)
-  many = Trainer(cfg, strategy, model_fn)
-  one = Trainer(cfg.replace(bn_group_size=1,
+  many = TensorFlowEngine(cfg, strategy, model_fn)
+  one = TensorFlowEngine(cfg.replace(bn_group_size=1,
                             model_dir=os.path.join(tmp, "one")),
                 host_strategy(), model_fn)
   for source, target in zip(one.model.variables, many.model.variables):
@@ -218,7 +218,7 @@ def replicas_equal_one_device(strategy, sizes: Sizes, tmp: str) -> Check:
                 "variables_changed": len(errors)})
 
 
-def _synthetic_iterator(trainer: Trainer):
+def _synthetic_iterator(trainer: TensorFlowEngine):
   cfg = trainer.cfg
   return iter(trainer.strategy.distribute_datasets_from_function(
       input_pipeline.synthetic_dataset_fn(
@@ -234,7 +234,7 @@ def bfloat16_step(strategy, sizes: Sizes, tmp: str) -> Check:
                resnet_depth=sizes.depth, image_size=sizes.image_size,
                num_classes=1000, global_batch_size=n * sizes.batch,
                base_learning_rate=0.1)
-  trainer = Trainer(cfg, strategy)
+  trainer = TensorFlowEngine(cfg, strategy)
   result = LoopResult.of(trainer.loops.train(_synthetic_iterator(trainer),
                                              tf.constant(1)))
   passed = result.nonfinite_steps == 0 and math.isfinite(result.loss)
@@ -253,7 +253,7 @@ def xla_step(one_device: tf.distribute.Strategy, sizes: Sizes, tmp: str,
   when run, the step's loss and gradients are finite."""
   cfg = config(os.path.join(tmp, "xla"), sizes, precision=precision,
                global_batch_size=sizes.check_batch)
-  trainer = Trainer(cfg, one_device)
+  trainer = TensorFlowEngine(cfg, one_device)
   images, labels = _examples(sizes.check_batch, sizes.check_image_size)
   compiled = xla_compile.compile_replica_step(
       one_device, trainer.replica_step.train,
@@ -276,7 +276,7 @@ def xla_step(one_device: tf.distribute.Strategy, sizes: Sizes, tmp: str,
                 "convolutions": convolutions})
 
 
-def _images_per_second(trainer: Trainer, steps: int):
+def _images_per_second(trainer: TensorFlowEngine, steps: int):
   """A callable timing one host loop of `steps` steps; traced, compiled and
   warmed up once here."""
   iterator, n = _synthetic_iterator(trainer), tf.constant(steps)
@@ -300,7 +300,7 @@ def throughput(strategy, sizes: Sizes, tmp: str, precision: str,
                  resnet_depth=sizes.depth, image_size=sizes.image_size,
                  num_classes=1000, global_batch_size=batch,
                  base_learning_rate=0.1)
-    timers[name] = _images_per_second(Trainer(cfg, strategy, model_fn),
+    timers[name] = _images_per_second(TensorFlowEngine(cfg, strategy, model_fn),
                                       sizes.steps)
   summary = bench_common.summarise(
       bench_common.alternate(timers, sizes.repetitions))

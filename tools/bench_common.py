@@ -19,7 +19,7 @@ from resnet_tpu.runtime import process_setup
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.model.distributed_batch_norm import DistributedBatchNormalization
 from resnet_tpu.model.resnet import dtype_policy
-from resnet_tpu.train.trainer import Trainer
+from resnet_tpu.engines.tensorflow.engine import TensorFlowEngine
 
 
 def alternate(variants: dict[str, Callable[[], float]], repetitions: int,
@@ -68,7 +68,7 @@ def keras_resnet50(cfg: TrainConfig) -> keras.Model:
 
 
 def small_convnet(cfg: TrainConfig) -> keras.Model:
-  """conv -> distributed BN -> pool -> dense, for Trainer(model_fn=...).
+  """conv -> distributed BN -> pool -> dense, for TensorFlowEngine(model_fn=...).
 
   A step of milliseconds: the host-loop benchmark sees the per-call
   dispatch, and --tiny smoke tests take seconds.
@@ -80,7 +80,7 @@ def small_convnet(cfg: TrainConfig) -> keras.Model:
   return keras.Model(inputs, keras.layers.Dense(cfg.model.num_classes)(x))
 
 
-def train_steps(trainer: Trainer, iterator, num_steps: tf.Tensor) -> None:
+def train_steps(trainer: TensorFlowEngine, iterator, num_steps: tf.Tensor) -> None:
   """Runs `num_steps` training steps in one host-loop call; returns when
   they are done."""
   float(trainer.loops.train(iterator, num_steps).nonfinite_steps)

@@ -65,7 +65,7 @@ class Tally:
 
   def add(self, logits: tf.Tensor, labels: tf.Tensor) -> None:
     # in_top_k, as the training-time eval
-    # (train_step.ReplicaStep.losses_and_hits).
+    # (ReplicaStep.losses_and_hits).
     self.top1 += int(tf.reduce_sum(tf.cast(
         tf.math.in_top_k(labels, logits, 1), tf.int32)))
     self.top5 += int(tf.reduce_sum(tf.cast(

@@ -85,7 +85,7 @@ def compile_replica_step(strategy: tf.distribute.Strategy, step_fn: Callable,
   """Lowers one replica step to HLO with XLA (and runs it once if `run`).
 
   `strategy` has one replica; `step_fn(*args)` is a replica step (e.g.
-  train_step.ReplicaStep.train) whose variables were created under
+  ReplicaStep.train) whose variables were created under
   `strategy.scope()`. The step is lowered for the strategy's device, named
   explicitly, or, given `platform` (e.g. "TPU"), as TensorFlow would lower
   it for that platform's XLA device: tensorflow-tpu lowers for "TPU" on a

@@ -18,7 +18,7 @@ def host_batches(image_size: int, num_classes: int, batch_size: int,
                  ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
   """(images, labels, faults) without end: host `host`'s `batch_size`
   images of image_size² × 3 in `dtype` (uint8, float32, bfloat16), their
-  labels, and no unusable or lost record (jax_input.train_batches' form)."""
+  labels, and no unusable or lost record (host_batches.train_batches' form)."""
   rng = np.random.default_rng([0, host])
   pixels = rng.uniform(0.0, 255.0, [batch_size, image_size, image_size, 3])
   images = pixels.astype(getattr(ml_dtypes, dtype, None) or np.dtype(dtype))

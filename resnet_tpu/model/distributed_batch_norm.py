@@ -20,7 +20,7 @@ Inference mode uses the moving statistics only, so an exported model holds no
 collective op. The moving statistics are replica-local: each replica updates
 its own with no communication; the TF step averages them over all replicas
 once per host loop (moving_statistics.py), the JAX step inside its gradient
-all-reduce (train/jax_step.py).
+all-reduce (engines/jax/step.py).
 """
 import contextlib
 import dataclasses

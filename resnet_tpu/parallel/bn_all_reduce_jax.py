@@ -15,7 +15,7 @@ of each group's slice of the global batch, a reshape to [N / g, B g / N,
   (strategy.run): local loss scaled by the global batch, gradients summed
   once, replica-local BN moving statistics;
 - each replica's moving statistics can be averaged over all replicas inside
-  the one gradient all-reduce (train/jax_step.py). In the global view they
+  the one gradient all-reduce (engines/jax/step.py). In the global view they
   are one variable updated with the mean over groups: one more all-reduce,
   across groups, per BN layer and step;
 - every collective is one that the step names, so their census is exact

@@ -1,10 +1,10 @@
-"""The training loop: step math, host loops, cadence, checkpoints, logs.
+"""The training loop, engine-neutral: cadence, records, stops, checkpoints.
 
-train_step.py is the per-replica step, host_loops.py runs many of them per
-host call, trainer.py keeps the cadence of loops, evals and checkpoints;
-loop_report.py, metrics_log.py, checkpointing.py and preemption.py are what
-it reports, writes, saves and stops on. On JAX the step is jax_step.py, the
-trainer jax_trainer.py (the same cadence, reports and stops), the
-checkpoints checkpoints_jax.py or checkpoints_npz.py, and watchdog.py bounds
-a multi-host run's waits.
+loop.py runs a run's host loops, evals and saves and stops it on SIGTERM,
+NaN/Inf, stalls or a lost peer, written once for both engines; engine.py is
+what it asks of an engine (engines/). loss.py is the one loss and accuracy
+of both engines' steps; loop_report.py, metrics_log.py, cadence.py and
+preemption.py are what the loop reports, writes, schedules and stops on;
+checkpointing.py, checkpoint_paths.py and storage.py hold TensorFlow's
+checkpoint files and the writes that must not fail silently.
 """

@@ -18,7 +18,7 @@ Each worker reads its own clock; one scalar all-reduce after each host loop
 makes them all save after the same loop when any one is due (a
 MultiWorkerMirroredStrategy save needs every worker). No eval is needed.
 A JAX run's processes agree on every one's `SaveTimer.due_here` in one
-allgather (parallel/jax_processes.py).
+allgather (engines/jax/processes.py).
 """
 import dataclasses
 import time

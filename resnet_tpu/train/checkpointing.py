@@ -97,7 +97,7 @@ def worker_checkpoint_dir(model_dir: str, strategy: tf.distribute.Strategy,
 
 def weights_module(trainable: Sequence, non_trainable: Sequence
                    ) -> tf.Module:
-  """A network's weights as a JAX run checkpoints them (checkpoints_jax.py):
+  """A network's weights as a JAX run checkpoints them (engines/jax/tf_checkpoints.py):
   two lists, in the Keras model's variable order."""
   module = tf.Module()
   module.trainable = list(trainable)

@@ -1,7 +1,7 @@
 """What one host loop (or one evaluation) reports, on either engine.
 
 TensorFlow's loops return tensors of sums (host_loops.py), JAX's trainer
-numpy sums (jax_trainer.py); both become a LoopResult, which
+numpy sums (engines/jax/engine.py); both become a LoopResult, which
 loop_report.py turns into the log line and the metrics record.
 """
 import dataclasses

@@ -8,7 +8,7 @@ stops after the loop that runs its last, so it records exactly those steps.
 It writes `<model_dir>/plugins/profile/<date>/<host>.xplane.pb`, which
 `tensorboard --logdir <model_dir>` shows with tensorboard-plugin-profile.
 The engine's profiler is an argument: tf.profiler on TensorFlow (the
-default), jax.profiler on JAX (jax_trainer.py), both writing that file.
+default), jax.profiler on JAX (engines/jax/engine.py), both writing that file.
 """
 from typing import Callable
 

@@ -12,8 +12,8 @@ from typing import Iterator, NamedTuple
 
 import tensorflow as tf
 
-from resnet_tpu.train.train_step import ReplicaStep
-from resnet_tpu.train.train_step import StepSums
+from resnet_tpu.engines.tensorflow.step import ReplicaStep
+from resnet_tpu.engines.tensorflow.step import StepSums
 
 
 class LoopSums(NamedTuple):

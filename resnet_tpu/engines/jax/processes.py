@@ -1,7 +1,7 @@
 """The processes of a multi-host JAX run: one per host (jax.distributed).
 
 Each process drives its own devices and feeds them its share of every
-global batch; the step's collectives span all of them (jax_step.py). What
+global batch; the step's collectives span all of them (engines/jax/step.py). What
 TensorFlow's MultiWorkerMirroredStrategy agrees with small all-reduces
 (parallel/strategy.any_worker for SIGTERM and the checkpoint clock,
 checkpointing.check_workers_agree), a JAX run agrees here, with one
@@ -13,7 +13,7 @@ A process that dies breaks the collective its peers are in (gloo and NCCL
 report the lost connection): lost_peer recognises the error and the trainer
 stops with exit 43 (preemption.WorkerLost), as TensorFlow's workers do. One
 that hangs while alive is caught by the trainer's watchdog
-(--collective_timeout_s, train/watchdog.py), or else by jax.distributed's
+(--collective_timeout_s, engines/jax/watchdog.py), or else by jax.distributed's
 heartbeat timeout, which aborts the other processes with JAX's own message.
 """
 from typing import Sequence
@@ -31,7 +31,7 @@ START_TIMEOUT_S = 300
 # jax.distributed's default: a process silent this long is dead, and the
 # coordination service aborts every other process (JAX's message, exit 134).
 HEARTBEAT_TIMEOUT_S = 100
-# With --collective_timeout_s the trainer's watchdog (train/watchdog.py)
+# With --collective_timeout_s the trainer's watchdog (engines/jax/watchdog.py)
 # comes first, by this much: it names the checkpoint and exits 43.
 _WATCHDOG_FIRST_S = 60
 # How a collective fails when another process died or stopped answering:
@@ -46,7 +46,7 @@ _PEER_WORDS = ("Gloo", "NCCL", "Connection reset", "Connection refused",
 def start(dist: DistributionConfig,
           timeout_s: int = START_TIMEOUT_S) -> None:
   """jax.distributed.initialize from --coordinator_address, --num_processes
-  and --process_id (config._check_processes), or, all unset, from JAX's
+  and --process_id (config/engine_limits.py), or, all unset, from JAX's
   cluster detection (Cloud TPU, SLURM, Open MPI, Kubernetes). Call before
   JAX starts its devices."""
   given = dist.num_processes > 0

@@ -1,6 +1,6 @@
 """The JAX engine's checkpoint store: TensorFlow checkpoints of its state.
 
-A JAX run keeps its variables' values in a TrainState (jax_step.py), not in
+A JAX run keeps its variables' values in a TrainState (engines/jax/step.py), not in
 Keras variables that tf.train.Checkpoint could track. Here each value has a
 tf.Variable twin, in a checkpointing.weights_module (the model's trainable and
 non-trainable variables, in the Keras model's order) and an optimizer twin
@@ -13,7 +13,7 @@ neither engine resumes the other's checkpoints (config.json's `backend`
 is compared on resume). export.py reads a JAX run's weights through the
 same `weights_module` around the TensorFlow-built network's variables.
 
-In a multi-host run (parallel/jax_processes.py) every process holds the
+In a multi-host run (engines/jax/processes.py) every process holds the
 same replicated state and restores from the same files; process 0 alone
 writes them.
 """
@@ -28,8 +28,8 @@ import tensorflow as tf
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.train.checkpointing import Checkpoints
 from resnet_tpu.train.checkpointing import weights_module
-from resnet_tpu.train.jax_step import TrainState
-from resnet_tpu.train.jax_step import iterations_index
+from resnet_tpu.engines.jax.state import TrainState
+from resnet_tpu.engines.jax.state import iterations_index
 
 
 def _twins(variables: Sequence[keras.Variable]) -> list[tf.Variable]:

@@ -22,7 +22,7 @@ keras/src/optimizers/loss_scale_optimizer.py, `_tf_apply` and
 - it skips the optimizer's update only: the BN moving statistics that the
   skipped step's forward pass already moved stay moved.
 Here each replica's flag is summed over all replicas before any of them
-applies (train_step.py), so a non-finite value anywhere skips the step
+applies (engines/tensorflow/step.py), so a non-finite value anywhere skips the step
 everywhere, whatever --gradient_all_reduce, and a skipped step restores
 the BN statistics.
 

@@ -1,9 +1,9 @@
 """The JAX engine's checkpoint store without TensorFlow: a .npz per save.
 
-A JAX run's TrainState (jax_step.py) is three lists of arrays: the model's
+A JAX run's TrainState (engines/jax/step.py) is three lists of arrays: the model's
 trainable and non-trainable variables, in the Keras model's order, and the
 optimizer's variables (`iterations` among them). Where TensorFlow is
-installed, checkpoints_jax.py saves them as TensorFlow checkpoints; where
+installed, engines/jax/tf_checkpoints.py saves them as TensorFlow checkpoints; where
 it is not (a GPU image with JAX alone), ckpt-<step>.npz in the model_dir
 holds them as `<group>_<index>` arrays, with `input_batches`, the input
 position. What TensorFlow's store gives a run, this one gives too:
@@ -17,7 +17,7 @@ position. What TensorFlow's store gives a run, this one gives too:
 - a failed write ends the run in one line (storage.written); a read that
   fails with an error that may pass is retried, then stops the run in one
   line, moving nothing (storage.read_retried).
-Process 0 writes (parallel/jax_processes.py); every process reads.
+Process 0 writes (engines/jax/processes.py); every process reads.
 """
 import io
 import os
@@ -33,7 +33,7 @@ from resnet_tpu.config import ConfigError
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.train import checkpoint_paths
 from resnet_tpu.train import storage
-from resnet_tpu.train.jax_step import TrainState
+from resnet_tpu.engines.jax.state import TrainState
 
 INPUT_KEY = "input_batches"
 # What reading a damaged .npz raises: not a zip or cut short (BadZipFile,

@@ -15,10 +15,11 @@ import tensorflow as tf
 
 from resnet_tpu.runtime import compat
 from resnet_tpu.inputs import record_guards
-from resnet_tpu.model import moving_statistics
+from resnet_tpu.engines.tensorflow import moving_statistics
+from resnet_tpu.train.loss import losses_and_hits
 from resnet_tpu.optim import optimizers
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.train.loss_scale import DynamicLossScale
+from resnet_tpu.engines.tensorflow.loss_scale import DynamicLossScale
 
 
 class StepSums(NamedTuple):
@@ -99,17 +100,9 @@ class ReplicaStep:
     self.replica_local = moving_statistics.replica_local_statistics(model)
 
   def losses_and_hits(self, logits, labels):
-    """Per-example loss, top-1 and top-5 hits and weight (0 for label -1)."""
-    logits = tf.cast(logits, tf.float32)
-    weight = tf.cast(labels >= 0, tf.float32)
-    labels = tf.maximum(labels, 0)
-    one_hot = tf.one_hot(labels, self.cfg.model.num_classes)
-    per_example = keras.losses.categorical_crossentropy(
-        one_hot, logits, from_logits=True,
-        label_smoothing=self.label_smoothing)
-    top1 = tf.cast(tf.math.in_top_k(labels, logits, 1), tf.float32)
-    top5 = tf.cast(tf.math.in_top_k(labels, logits, 5), tf.float32)
-    return per_example * weight, top1 * weight, top5 * weight, weight
+    """Per-example loss, top-1 and top-5 hits and weight (train/loss.py)."""
+    return losses_and_hits(logits, labels, self.cfg.model.num_classes,
+                           self.label_smoothing)
 
   def gradients(self, images, labels, micro_batches=1):
     """Per-replica gradients and the StepSums of one (micro-)batch."""

@@ -1,5 +1,5 @@
 """The training step on JAX: synchronous data parallelism over a device mesh
-(Ying et al. 2018 §3), the same per-replica program as train_step.py's.
+(Ying et al. 2018 §3), the same per-replica program as engines/tensorflow/step.py's.
 
 Every device is one replica and takes `global_batch / N` images. Under
 `shard_map` each replica runs the Keras model statelessly, computes its loss
@@ -24,7 +24,7 @@ an eval batch's metrics over the replicas, its padding masked out.
 
 With --skip_nonfinite_steps such a step leaves no trace instead: the
 weights, the optimizer's variables (its step count among them) and the BN
-moving statistics keep their values, as train_step.ReplicaStep's
+moving statistics keep their values, as ReplicaStep's
 _apply_if_finite. --precision=float16 scales the loss by the state's S
 and unscales the summed gradients; a step that overflows is skipped the
 same way, and S follows loss_scaling.next_scale (halved, or doubled after
@@ -34,18 +34,16 @@ Batch-size control (Mikami et al. 2018; `accumulated_step`): a larger
 global batch is k micro-batches of the fixed one, stacked [k, b, ...]. Each
 replica sums its gradients over them in one lax.scan (its loss scaled by k
 global batches, and the L2 term by k), carrying the BN moving statistics
-through them in order, as train_step.ReplicaStep.accumulate; then the same
+through them in order, as ReplicaStep.accumulate; then the same
 one all-reduce and one update. BN statistics stay per micro-batch.
 
 --bn_stats=recompute (Akiba et al. 2017; `recompute_statistics`): batches
 run forward in training mode with every BN layer adding its local [sum, sum
 of squares, count] to a sink (distributed_batch_norm.collect_statistics, as
-model/bn_recompute.py on TensorFlow), summed over all replicas and batches;
+engines/tensorflow/bn_recompute.py on TensorFlow), summed over all replicas and batches;
 the moving mean and variance become those exact statistics.
 """
-import dataclasses
 import functools
-from typing import NamedTuple
 
 import jax
 from jax.sharding import NamedSharding
@@ -54,70 +52,19 @@ import keras
 from keras import ops
 import numpy as np
 
+from resnet_tpu.engines.jax.state import decayed_indices
+from resnet_tpu.engines.jax.state import LossConfig
+from resnet_tpu.engines.jax.state import replica_local_indices
+from resnet_tpu.engines.jax.state import TrainState
 from resnet_tpu.model.batch_statistics import moments_from_sums
 from resnet_tpu.model.distributed_batch_norm import collect_statistics
 from resnet_tpu.model.distributed_batch_norm import (
     DistributedBatchNormalization)
 from resnet_tpu.parallel.bn_all_reduce_jax import REPLICA_AXES
+from resnet_tpu.train.loss import losses_and_hits
 from resnet_tpu.train.loss_scaling import next_scale
 
 METRICS = ("loss", "top1", "top5", "examples")
-
-
-class TrainState(NamedTuple):
-  """The values of the model's and optimizer's variables, in their order;
-  float16's loss scale S and its finite steps (none otherwise)."""
-  trainable: list
-  non_trainable: list
-  optimizer: list
-  loss_scale: list | tuple = ()
-
-
-def iterations_index(optimizer: keras.optimizers.Optimizer) -> int:
-  """Where the optimizer's step count (`iterations`) sits in
-  TrainState.optimizer."""
-  return [v.path for v in optimizer.variables].index(
-      optimizer.iterations.path)
-
-
-@dataclasses.dataclass(frozen=True)
-class LossConfig:
-  """The loss of a step: classes, label smoothing, global batch, and the
-  L2 weight decay in the loss (0 for LARS, which decays in its update)."""
-  num_classes: int
-  global_batch_size: int
-  label_smoothing: float = 0.0
-  weight_decay: float = 0.0
-
-
-def decayed_indices(model: keras.Model) -> list[int]:
-  """Positions of conv and dense kernels (the variables under L2) among the
-  model's trainable variables."""
-  return [i for i, v in enumerate(model.trainable_variables)
-          if v.path.endswith("kernel")]
-
-
-def replica_local_indices(model: keras.Model) -> list[int]:
-  """Positions of the BN moving statistics among the non-trainable
-  variables: each replica updates its own copy (synchronization on_read)."""
-  return [i for i, v in enumerate(model.non_trainable_variables)
-          if v.synchronization == "on_read"]
-
-
-def losses_and_hits(logits, labels, num_classes: int,
-                    label_smoothing: float):
-  """Per-example loss, top-1 and top-5 hits and weight (0 for label -1),
-  as train_step.ReplicaStep.losses_and_hits."""
-  logits = ops.cast(logits, "float32")
-  weight = ops.cast(labels >= 0, "float32")
-  labels = ops.maximum(labels, 0)
-  one_hot = ops.one_hot(labels, num_classes)
-  per_example = keras.losses.categorical_crossentropy(
-      one_hot, logits, from_logits=True, label_smoothing=label_smoothing)
-  top1 = ops.cast(ops.in_top_k(labels, logits, 1), "float32")
-  top5 = ops.cast(ops.in_top_k(labels, logits, min(5, num_classes)),
-                  "float32")
-  return per_example * weight, top1 * weight, top5 * weight, weight
 
 
 def replica_count() -> int:
