@@ -1,6 +1,5 @@
 """train/loss.py's specification (tests/test_loss.py) run on JAX: the one
-loss and accuracy of both engines' steps, checked under each engine. On JAX,
-top-k with k above the class count is an error, not "every class"."""
+loss and accuracy of both engines' steps, checked under each engine."""
 from tests.test_loss import (  # noqa: F401  (collected here, on JAX)
     test_cross_entropy_with_label_smoothing_and_padding_weighs_nothing,
     test_top5_counts_the_five_highest_logits,

@@ -11,9 +11,12 @@ runs it, in processes of its own.
 - --batch_size_schedule: steps of several micro-batches, resumed at the
   right input position; --bn_stats=recompute reads its batches before each
   checkpoint, counted in the input position.
-- Faults as on TensorFlow (tests/test_reliability.py): SIGTERM saves and
-  exits 42 and the next run resumes; a damaged latest checkpoint is set
-  aside, named, and the one before it restored; bad flags get one line.
+- Bad flags get one line, as on TensorFlow. The loop's policy (SIGTERM,
+  --max_loop_seconds, NaN stops, the checkpoint clock) is the same code on
+  both engines (train/loop.py), tested once against a fake engine
+  (tests/test_loop.py); SIGTERM through main.py on JAX is
+  test_without_tensorflow.py's, damaged checkpoints each store's
+  (tests/test_reliability.py, test_checkpoints_npz.py).
 """
 import json
 import os
@@ -31,8 +34,6 @@ from main_runs import main
 from main_runs import make_demo_data
 from main_runs import ok
 from main_runs import records
-from main_runs import stopped_after
-from main_runs import timed_stop
 
 
 @pytest.fixture(scope="module")
@@ -163,65 +164,6 @@ def test_recomputed_bn_statistics_read_training_batches_before_each_save(
   log = ok(main(*flags))
   assert (f"Restored {tmp_path}/ckpt-4 at step 4 (input at global batch 8)"
           in log), log[-3000:]
-
-
-def test_sigterm_saves_exits_42_and_the_next_run_resumes(tmp_path):
-  flags = (*TINY, "--train_steps=400", "--steps_per_loop=2",
-           f"--model_dir={tmp_path}")
-  code, log = stopped_after("step 4/400", *flags)
-  assert code == 42, log[-3000:]
-  assert "Preempted (SIGTERM) at step" in log
-  saved = [n for n in os.listdir(tmp_path) if n.endswith(".index")]
-  assert len(saved) == 1, saved
-  step = int(saved[0].split("-")[1].split(".")[0])
-  code, log = stopped_after(f"step {step + 2}/400", *flags)
-  assert code == 42, log[-3000:]
-  assert f"Restored {tmp_path}/ckpt-{step} at step {step}" in log
-
-
-def test_sigterm_is_answered_within_max_loop_seconds_whatever_the_loop(
-    tmp_path):
-  """Spot machines (issue 50), as tests/test_reliability.py on TensorFlow:
-  with --steps_per_loop=100000 and --max_loop_seconds=1 the checkpoint is
-  written within seconds of SIGTERM, not after 100,000 steps."""
-  # The first loops take 1 step each (the first compiles); from the third
-  # on, as many as fit in a second at the last loop's pace.
-  code, log, exited = timed_stop(
-      r"step ([3-9]|\d\d+)/1000000:", *TINY, "--train_steps=1000000",
-      "--steps_per_loop=100000", "--max_loop_seconds=1",
-      f"--model_dir={tmp_path}")
-  assert code == 42, log[-3000:]
-  saved = [n for n in os.listdir(tmp_path) if n.endswith(".index")]
-  assert len(saved) == 1, saved
-  step = int(saved[0].split("-")[1].split(".")[0])
-  assert 3 <= step < 1000, step
-  assert exited < 20, exited
-  print(f"checkpoint at step {step}, exit {exited:.1f} s after SIGTERM")
-
-
-def test_a_damaged_latest_checkpoint_is_set_aside_and_the_one_before_restored(
-    tmp_path):
-  flags = (*TINY, "--train_steps=4", "--steps_per_loop=2",
-           "--checkpoint_every_steps=2", f"--model_dir={tmp_path}")
-  ok(main(*flags))
-  data = tmp_path / "ckpt-4.data-00000-of-00001"
-  data.write_bytes(data.read_bytes()[:100])
-  log = ok(main(*flags))
-  assert f"Checkpoint {tmp_path}/ckpt-4 is damaged" in log
-  assert f"Restored {tmp_path}/ckpt-2 at step 2" in log
-  assert (tmp_path / "damaged" / "ckpt-4").is_dir()
-  assert "step 4/4: loss" in log
-
-
-def test_a_nan_loss_stops_a_jax_run_without_saving(tmp_path):
-  done = main(*TINY, "--train_steps=4", "--steps_per_loop=2",
-              "--checkpoint_every_steps=2", "--base_learning_rate=1e30",
-              f"--model_dir={tmp_path}")
-  assert done.returncode == 1
-  assert "NonFiniteLossError: Loss or gradients are NaN/Inf at step" in (
-      done.stderr)
-  assert "the last good checkpoint is none" in done.stderr
-  assert not [n for n in os.listdir(tmp_path) if n.startswith("ckpt")]
 
 
 @pytest.mark.parametrize("flag,message", [
