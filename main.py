@@ -111,8 +111,8 @@ def finish(train: Callable[[], dict]) -> None:
 def cli(argv: list[str]) -> None:
   """main, then the end of the process: a run on one host skips the
   interpreter's teardown (process_setup.exit_skipping_teardown), which
-  would wait for the input iterators' release (engines/tensorflow/iterators.py); a
-  multi-worker run ends normally, so its peers' shutdown can reach it,
+  would wait for the input iterators' release (engines/tensorflow/iterators.py);
+  a multi-worker run ends normally, so its peers' shutdown can reach it,
   unless a peer is lost (exit 43): its shutdown would wait for that peer
   (jax.distributed's, until the heartbeat timeout, then abort)."""
   code = 0

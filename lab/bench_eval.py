@@ -8,8 +8,8 @@ them: 8 virtual CPU replicas under MirroredStrategy, the study's narrow
 ResNet on Fashion-MNIST (lab/study_data.py), evaluating the whole test set
 every --eval_every steps, by run.run. --variants, alternating A B A B:
 
-- `long_lived`: today's trainer (resnet_tpu/engines/tensorflow/iterators.py): one
-  evaluation iterator for the run, input iterators dropped on a thread
+- `long_lived`: today's engine (resnet_tpu/engines/tensorflow/iterators.py):
+  one evaluation iterator for the run, input iterators dropped on a thread
   of their own when fit returns; alone in `make bench` (eval.json);
 - `per_evaluation`: the trainer as it was before issue 38, patched back in
   for this variant only: a new evaluation iterator per evaluation, each
@@ -115,7 +115,8 @@ def child(variant: str, data_dir: str, model_dir: str, result_path: str,
     trains = [r for r in map(json.loads, f) if r["split"] == "train"]
   with open(result_path, "w") as f:
     json.dump({
-        # The wall time of each TensorFlowEngine.evaluate call, iterators included.
+        # The wall time of each TensorFlowEngine.evaluate call, iterators
+        # included.
         "eval_seconds": [seconds for seconds, _ in eval_walls],
         "eval_images_per_sec": [n / seconds for seconds, n in eval_walls],
         # The first loop traces the step.

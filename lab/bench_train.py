@@ -94,7 +94,7 @@ def train_config(precision: str, image_size: int, batch: int, depth: int,
 def step_timer(cfg: TrainConfig, model_fn, steps: int):
   """A callable timing `steps` training steps; traced and warmed up once."""
   trainer = TensorFlowEngine(cfg, tf.distribute.MirroredStrategy(["/cpu:0"]),
-                    model_fn=model_fn)
+                             model_fn=model_fn)
   iterator = iter(trainer.strategy.distribute_datasets_from_function(
       input_pipeline.synthetic_dataset_fn(
           cfg.model.image_size, cfg.model.num_classes,
@@ -172,7 +172,7 @@ def bench_host_loop(batch: int, total_steps: int, repetitions: int,
   cfg = train_config("float32", HOST_LOOP_IMAGE_SIZE, batch, 18,
                      f"{tmp}/host_loop")  # depth unused: small_convnet
   trainer = TensorFlowEngine(cfg, tf.distribute.MirroredStrategy(["/cpu:0"]),
-                    model_fn=bench_common.small_convnet)
+                             model_fn=bench_common.small_convnet)
   iterator = iter(trainer.strategy.distribute_datasets_from_function(
       input_pipeline.synthetic_dataset_fn(HOST_LOOP_IMAGE_SIZE, 1000, batch,
                                           "float32")))

@@ -148,7 +148,7 @@ def project(cfg: TrainConfig,
   settings read here do not depend on the replicas)."""
   with tempfile.TemporaryDirectory() as model_dir:
     trainer = TensorFlowEngine(cfg.replace(model_dir=model_dir),
-                      tf.distribute.get_strategy(), model_fn=model_fn)
+                               tf.distribute.get_strategy(), model_fn=model_fn)
     step = trainer.replica_step
     decayed = step.decayed
     return {**optimizer_settings(trainer.optimizer,

@@ -3,8 +3,8 @@
 Mikami et al. 2018 change the global batch during training ("batch-size
 control"): a batch-size schedule of (start_epoch, global_batch) phases maps
 each global step to its epoch and its global batch. Plain Python, so the
-config (config/parts.py) builds a clock before TensorFlow loads; the tensor forms
-used inside a step are in optim/schedules.py.
+config (config/parts.py) builds a clock before TensorFlow loads; the tensor
+forms used inside a step are in optim/schedules.py.
 """
 import dataclasses
 import math

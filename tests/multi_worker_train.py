@@ -70,9 +70,9 @@ def main(model_dir: str, init_path: str, out_path: str,
   strategy = tf.distribute.MultiWorkerMirroredStrategy(
       communication_options=tf.distribute.experimental.CommunicationOptions(
           timeout_seconds=timeout_s))
-  trainer = TensorFlowEngine(config(model_dir, gradient_all_reduce=gradient_all_reduce,
-                           all_reduce_grid=grid,
-                           collective_timeout_s=timeout_s), strategy)
+  trainer = TensorFlowEngine(
+      config(model_dir, gradient_all_reduce=gradient_all_reduce,
+             all_reduce_grid=grid, collective_timeout_s=timeout_s), strategy)
   with np.load(init_path) as init:
     trainer.model.set_weights([init[f"arr_{k}"]
                                for k in range(len(init.files))])

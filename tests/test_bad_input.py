@@ -156,9 +156,9 @@ def test_model_dir_of_another_network_fails_before_startup(tmp_path,
 
 def test_checkpoint_that_does_not_restore_fails_naming_model_dir(tmp_path):
   engine_lib.TensorFlowEngine(_config(tmp_path), cpu_strategy(1),
-                      model_fn=tiny_resnet).save()
+                              model_fn=tiny_resnet).save()
   other = engine_lib.TensorFlowEngine(_config(tmp_path, num_classes=5),
-                              cpu_strategy(1), model_fn=tiny_resnet)
+                                      cpu_strategy(1), model_fn=tiny_resnet)
   with pytest.raises(ConfigError, match=r"--model_dir=.*: cannot restore "
                      r".*ckpt-0 into this run \(.*--num_classes=5"):
     other.restore()

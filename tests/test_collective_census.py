@@ -63,8 +63,8 @@ def traced(tmp_path_factory):
   """A 4-replica ResNet-18 trainer with BN groups of 2, its step and its
   host loop traced on one batch."""
   strategy = cpu_strategy(REPLICAS)
-  trainer = TensorFlowEngine(worker.config(str(tmp_path_factory.mktemp("census"))),
-                    strategy)
+  trainer = TensorFlowEngine(
+      worker.config(str(tmp_path_factory.mktemp("census"))), strategy)
   dataset = strategy.distribute_datasets_from_function(
       worker.replica_slices_dataset_fn)
   batch = next(iter(dataset))

@@ -1,6 +1,7 @@
 """oneDNN's CPU kernels where the model runs on CPU devices, chosen by the
 entry points before TensorFlow loads, never on import; the user's
-TF_ENABLE_ONEDNN_OPTS wins (resnet_tpu/runtime/process_setup.py, cpu_kernels.py)."""
+TF_ENABLE_ONEDNN_OPTS wins (resnet_tpu/runtime/process_setup.py,
+cpu_kernels.py)."""
 import os
 import subprocess
 import sys

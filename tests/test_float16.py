@@ -1,6 +1,6 @@
 """--precision=float16: mixed_float16 with dynamic loss scaling
-(resnet_tpu/engines/tensorflow/loss_scale.py, issue 37). CPU shows what it can: the
-scaling is exact, an overflowing step is skipped and halves the scale, the
+(resnet_tpu/engines/tensorflow/loss_scale.py, issue 37). CPU shows what it can:
+the scaling is exact, an overflowing step is skipped and halves the scale, the
 scale grows after finite steps, LARS and the ring summation take it, and a
 run resumes with its scale."""
 import keras
@@ -124,7 +124,8 @@ def test_a_run_counts_skipped_steps_and_resumes_with_its_scale(tmp_path):
   assert sum(r["skipped_steps"] for r in records) >= 1
   scale = float(first.loss_scale.scale.numpy())
   assert scale < 2.0 ** 40
-  again = TensorFlowEngine(cfg.replace(train_steps=first.step + 1), cpu_strategy(2))
+  again = TensorFlowEngine(cfg.replace(train_steps=first.step + 1),
+                           cpu_strategy(2))
   again.restore()
   assert float(again.loss_scale.scale.numpy()) == scale
 

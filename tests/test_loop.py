@@ -272,7 +272,8 @@ def test_an_unwritable_checkpoint_ends_the_run_with_the_train_records(
     tmp_path):
   engine = FakeEngine(_config(tmp_path, checkpoint_every_steps=4),
                       unwritable_from=8)
-  with pytest.raises(storage.StorageError, match="Writing a checkpoint to ckpt-8 failed: OSError: disk full"):
+  with pytest.raises(storage.StorageError, match="Writing a checkpoint to "
+                     "ckpt-8 failed: OSError: disk full"):
     loop.fit(engine, "train")
   assert engine.saved == [4]
   assert [r["step"] for r in read_metrics(str(tmp_path))] == [4, 8]
@@ -335,5 +336,6 @@ def test_the_loop_callback_sees_each_train_record(tmp_path):
 
 
 def test_an_unresolved_config_is_refused(tmp_path):
-  with pytest.raises(ValueError, match="num_train_images is 0: resolve the config first"):
+  with pytest.raises(ValueError,
+                     match="num_train_images is 0: resolve the config first"):
     loop.TrainingLoop(FakeEngine(_config(tmp_path, num_train_images=0)))

@@ -26,7 +26,8 @@ def _config(tmp_path, **overrides) -> TrainConfig:
       "weight_decay": 1e-3, **overrides})
 
 
-def _trainer(cfg, strategy, model_fn=tiny_resnet) -> engine_lib.TensorFlowEngine:
+def _trainer(cfg, strategy,
+             model_fn=tiny_resnet) -> engine_lib.TensorFlowEngine:
   return engine_lib.TensorFlowEngine(cfg, strategy, model_fn=model_fn)
 
 

@@ -44,7 +44,7 @@ def _batch(seed=0):
 
 def _trainer(tmp_path, model_fn=tiny_resnet, **overrides) -> TensorFlowEngine:
   return TensorFlowEngine(_config(tmp_path, **overrides), cpu_strategy(1),
-                 model_fn=model_fn)
+                          model_fn=model_fn)
 
 
 def _lower_train_step(trainer, run=False) -> xla_compile.CompiledStep:

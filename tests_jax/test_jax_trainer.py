@@ -109,8 +109,8 @@ def test_profile_steps_records_the_loops_of_the_range(tmp_path):
 def test_a_checkpoint_that_cannot_be_written_ends_the_run_in_one_line(
     tmp_path, monkeypatch, store):
   """Either store (engines/jax/tf_checkpoints.py where TensorFlow is installed,
-  engines/jax/npz_checkpoints.py where it is not): ckpt-1 is written, ckpt-2's first
-  file cannot be."""
+  engines/jax/npz_checkpoints.py where it is not): ckpt-1 is written, ckpt-2's
+  first file cannot be."""
   if store == "npz":
     monkeypatch.setattr(files, "tensorflow_installed", lambda: False)
   blocked = tmp_path / ("ckpt-2.index" if store == "tensorflow"

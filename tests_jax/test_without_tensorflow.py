@@ -2,11 +2,11 @@
 image (issue 49): main.py run by without_tensorflow.py, which hides it.
 
 The run trains on --use_synthetic_data, writes .npz checkpoints
-(engines/jax/npz_checkpoints.py) and metrics.jsonl without TensorBoard, resumes after
-SIGTERM (exit 42), sets a damaged latest checkpoint aside, refuses to
+(engines/jax/npz_checkpoints.py) and metrics.jsonl without TensorBoard, resumes
+after SIGTERM (exit 42), sets a damaged latest checkpoint aside, refuses to
 resume with other settings, and names in one line each flag that needs
-TensorFlow, before start-up; its checkpoints export where TensorFlow is. Any import of
-TensorFlow on the way would fail the run.
+TensorFlow, before start-up; its checkpoints export where TensorFlow is. Any
+import of TensorFlow on the way would fail the run.
 """
 import json
 import os

@@ -6,8 +6,9 @@ For each (precision, BN group size) of engine_cases.STEP_CASES: the
 project's TF step (ReplicaStep under MirroredStrategy over 8
 virtual CPUs, then the host loop's moving-statistics average) from TF's
 initial weights, written to step_<precision>_g<size>.npz as init/<path>,
-grad/<path> (summed over replicas), after/<path> and loss. For each optimizer case of engine_cases.OPTIMIZERS:
-three updates from given gradients, to <case>.npz.
+grad/<path> (summed over replicas), after/<path> and loss. For each optimizer
+case of engine_cases.OPTIMIZERS: three updates from given gradients, to
+<case>.npz.
 """
 import os
 import sys

@@ -192,7 +192,7 @@ def replicas_equal_one_device(strategy, sizes: Sizes, tmp: str) -> Check:
   many = TensorFlowEngine(cfg, strategy, model_fn)
   one = TensorFlowEngine(cfg.replace(bn_group_size=1,
                             model_dir=os.path.join(tmp, "one")),
-                host_strategy(), model_fn)
+                         host_strategy(), model_fn)
   for source, target in zip(one.model.variables, many.model.variables):
     target.assign(source.numpy())
   before = [v.numpy() for v in one.model.variables]

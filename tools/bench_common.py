@@ -68,7 +68,8 @@ def keras_resnet50(cfg: TrainConfig) -> keras.Model:
 
 
 def small_convnet(cfg: TrainConfig) -> keras.Model:
-  """conv -> distributed BN -> pool -> dense, for TensorFlowEngine(model_fn=...).
+  """conv -> distributed BN -> pool -> dense, for
+  TensorFlowEngine(model_fn=...).
 
   A step of milliseconds: the host-loop benchmark sees the per-call
   dispatch, and --tiny smoke tests take seconds.
@@ -80,7 +81,8 @@ def small_convnet(cfg: TrainConfig) -> keras.Model:
   return keras.Model(inputs, keras.layers.Dense(cfg.model.num_classes)(x))
 
 
-def train_steps(trainer: TensorFlowEngine, iterator, num_steps: tf.Tensor) -> None:
+def train_steps(trainer: TensorFlowEngine, iterator,
+                num_steps: tf.Tensor) -> None:
   """Runs `num_steps` training steps in one host-loop call; returns when
   they are done."""
   float(trainer.loops.train(iterator, num_steps).nonfinite_steps)

@@ -14,9 +14,10 @@ images go through exactly the eval preprocessing of training
 (preprocessing.preprocess_for_eval, with the centre-crop fraction the run's
 config.json recorded as --eval_crop_fraction) and the numbers reproduce the
 in-training eval of the same checkpoint. Every record counts (the last batch
-is simply smaller). A record whose JPEG does not decode is logged by file, record index
-and file name, counted in "errors" and left out of "examples". The last line
-on stdout is one JSON object: {"top1", "top5", "examples"[, "errors"]}.
+is simply smaller). A record whose JPEG does not decode is logged by file,
+record index and file name, counted in "errors" and left out of "examples". The
+last line on stdout is one JSON object: {"top1", "top5", "examples"[,
+"errors"]}.
 
 With --output_dir it also writes, per class (named from the run's
 synsets.txt when the export carries it): per_class.json (examples, top-1

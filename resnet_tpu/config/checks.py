@@ -1,6 +1,6 @@
 """The config's checks: every numeric flag's range, every enum's choices,
-the flags that go together (each engine's limits: engine_limits.py). `validate` runs
-before any start-up, so a bad setting fails in milliseconds with a
+the flags that go together (each engine's limits: engine_limits.py). `validate`
+runs before any start-up, so a bad setting fails in milliseconds with a
 ConfigError naming the flag."""
 import dataclasses
 

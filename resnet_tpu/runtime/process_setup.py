@@ -161,8 +161,8 @@ def exit_skipping_teardown(code: int | str | None = 0) -> None:
   """Ends the process as sys.exit(code) would, without the interpreter's
   teardown: nothing is left to save, and freeing tf.data iterators of
   several devices waits, idle, for each device's autotune thread (up to a
-  minute each; resnet_tpu/engines/tensorflow/iterators.py). A str code is printed to
-  stderr and exits 1, as sys.exit does."""
+  minute each; resnet_tpu/engines/tensorflow/iterators.py). A str code is
+  printed to stderr and exits 1, as sys.exit does."""
   from absl import logging  # pylint: disable=g-import-not-at-top
   if isinstance(code, str):
     print(code, file=sys.stderr)

@@ -97,8 +97,9 @@ def worker_checkpoint_dir(model_dir: str, strategy: tf.distribute.Strategy,
 
 def weights_module(trainable: Sequence, non_trainable: Sequence
                    ) -> tf.Module:
-  """A network's weights as a JAX run checkpoints them (engines/jax/tf_checkpoints.py):
-  two lists, in the Keras model's variable order."""
+  """A network's weights as a JAX run checkpoints them
+  (engines/jax/tf_checkpoints.py): two lists, in the Keras model's variable
+  order."""
   module = tf.Module()
   module.trainable = list(trainable)
   module.non_trainable = list(non_trainable)

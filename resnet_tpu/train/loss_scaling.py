@@ -6,8 +6,8 @@ Training", §3.2). A step whose loss or summed gradients are not finite is
 skipped and S halves (to no less than 1); after GROWTH_STEPS finite steps in
 a row S doubles: keras.optimizers.LossScaleOptimizer's dynamic rule and
 defaults. TensorFlow keeps S in replica-local variables (loss_scale.py);
-the JAX step carries it in its TrainState (engines/jax/step.py). Both take the next
-S from `next_scale`, written in keras.ops.
+the JAX step carries it in its TrainState (engines/jax/step.py). Both take the
+next S from `next_scale`, written in keras.ops.
 """
 from keras import ops
 

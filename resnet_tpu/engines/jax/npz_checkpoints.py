@@ -1,10 +1,10 @@
 """The JAX engine's checkpoint store without TensorFlow: a .npz per save.
 
-A JAX run's TrainState (engines/jax/step.py) is three lists of arrays: the model's
-trainable and non-trainable variables, in the Keras model's order, and the
-optimizer's variables (`iterations` among them). Where TensorFlow is
-installed, engines/jax/tf_checkpoints.py saves them as TensorFlow checkpoints; where
-it is not (a GPU image with JAX alone), ckpt-<step>.npz in the model_dir
+A JAX run's TrainState (engines/jax/step.py) is three lists of arrays: the
+model's trainable and non-trainable variables, in the Keras model's order, and
+the optimizer's variables (`iterations` among them). Where TensorFlow is
+installed, engines/jax/tf_checkpoints.py saves them as TensorFlow checkpoints;
+where it is not (a GPU image with JAX alone), ckpt-<step>.npz in the model_dir
 holds them as `<group>_<index>` arrays, with `input_batches`, the input
 position. What TensorFlow's store gives a run, this one gives too:
 - a checkpoint is whole or absent: it is written under a temporary name

@@ -1,5 +1,6 @@
 """The training step on JAX: synchronous data parallelism over a device mesh
-(Ying et al. 2018 §3), the same per-replica program as engines/tensorflow/step.py's.
+(Ying et al. 2018 §3), the same per-replica program as
+engines/tensorflow/step.py's.
 
 Every device is one replica and takes `global_batch / N` images. Under
 `shard_map` each replica runs the Keras model statelessly, computes its loss
@@ -40,8 +41,8 @@ one all-reduce and one update. BN statistics stay per micro-batch.
 --bn_stats=recompute (Akiba et al. 2017; `recompute_statistics`): batches
 run forward in training mode with every BN layer adding its local [sum, sum
 of squares, count] to a sink (distributed_batch_norm.collect_statistics, as
-engines/tensorflow/bn_recompute.py on TensorFlow), summed over all replicas and batches;
-the moving mean and variance become those exact statistics.
+engines/tensorflow/bn_recompute.py on TensorFlow), summed over all replicas and
+batches; the moving mean and variance become those exact statistics.
 """
 import functools
 

@@ -1,7 +1,7 @@
 """The JAX engine's checkpoint store: TensorFlow checkpoints of its state.
 
-A JAX run keeps its variables' values in a TrainState (engines/jax/step.py), not in
-Keras variables that tf.train.Checkpoint could track. Here each value has a
+A JAX run keeps its variables' values in a TrainState (engines/jax/step.py), not
+in Keras variables that tf.train.Checkpoint could track. Here each value has a
 tf.Variable twin, in a checkpointing.weights_module (the model's trainable and
 non-trainable variables, in the Keras model's order) and an optimizer twin
 (its variables, `iterations` among them); checkpointing.Checkpoints saves

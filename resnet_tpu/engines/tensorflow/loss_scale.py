@@ -8,11 +8,11 @@ is skipped (no update, BN statistics put back: ReplicaStep's skip path,
 counted as skipped steps) and S halves; after GROWTH_STEPS finite steps in
 a row S doubles (loss_scaling.py, the rule both engines apply). This is
 keras.optimizers.LossScaleOptimizer's dynamic rule and defaults, applied in
-the training step rather than by wrapping the optimizer in it. Any Keras optimizer, LARS included, could be wrapped;
-the reasons are what keras.optimizers.LossScaleOptimizer does under a
-tf.distribute strategy (keras-team/keras v3.15.1,
-keras/src/optimizers/loss_scale_optimizer.py, `_tf_apply` and
-`check_finite`):
+the training step rather than by wrapping the optimizer in it. Any Keras
+optimizer, LARS included, could be wrapped; the reasons are what
+keras.optimizers.LossScaleOptimizer does under a tf.distribute strategy
+(keras-team/keras v3.15.1, keras/src/optimizers/loss_scale_optimizer.py,
+`_tf_apply` and `check_finite`):
 - it checks the gradients it is handed, each replica's own, before the
   cross-replica sum (Keras 3 optimizers sum inside `apply`), so a
   non-finite value on one replica is not seen by the others;
@@ -22,8 +22,8 @@ keras/src/optimizers/loss_scale_optimizer.py, `_tf_apply` and
 - it skips the optimizer's update only: the BN moving statistics that the
   skipped step's forward pass already moved stay moved.
 Here each replica's flag is summed over all replicas before any of them
-applies (engines/tensorflow/step.py), so a non-finite value anywhere skips the step
-everywhere, whatever --gradient_all_reduce, and a skipped step restores
+applies (engines/tensorflow/step.py), so a non-finite value anywhere skips the
+step everywhere, whatever --gradient_all_reduce, and a skipped step restores
 the BN statistics.
 
 Every replica keeps its own copy of S (replica-local, ON_READ, as the BN
