@@ -27,8 +27,9 @@ def _python(code: str, *args: str, **env: str) -> str:
   return done.stdout.splitlines()[-1]
 
 
-# The JAX engine's own modules (.importlinter's jax_engine and jax_trainer
-# contracts): this environment has no JAX; tests_jax imports them.
+# The modules that import JAX (.importlinter's jax_engine and
+# jax_takes_tf_files contracts): this environment has no JAX; tests_jax
+# imports them.
 JAX_ENGINE = ("resnet_tpu.model.batch_norm_jax",
               "resnet_tpu.optim.optimizers_jax",
               "resnet_tpu.parallel.bn_all_reduce_jax",

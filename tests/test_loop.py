@@ -6,7 +6,7 @@ run run again; --max_loop_seconds; BN recomputation; the records.
 
 Each engine's own side of these (its host loop, its checkpoints, its
 collectives) is tested with the engine: tests/test_reliability.py and
-tests/test_trainer.py (TensorFlow), tests_jax/test_jax_trainer.py (JAX).
+tests/test_trainer.py (TensorFlow), tests_jax/test_jax_engine.py (JAX).
 """
 import contextlib
 import os

@@ -1,4 +1,4 @@
-"""The JAX trainer in this process (issue 49), on 2 of the session's virtual
+"""The JAX engine in this process (issue 49), on 2 of the session's virtual
 CPU devices, fed numpy batches as engines/jax/host_batches.py feeds it:
 
 - --skip_nonfinite_steps: a run that meets a batch whose loss is NaN trains
