@@ -37,7 +37,7 @@ def _step_decay():
 
 
 def _goyal(schedule, nesterov: bool = False) -> list[np.ndarray]:
-  """Goyal et al. §2.1's update with momentum correction, in numpy:
+  """Goyal et al. §3's update with momentum correction, in numpy:
   v <- m (lr_t / lr_{t-1}) v + lr_t g; w <- w - v (Nesterov: w <- w -
   m v - lr_t g, from the corrected v)."""
   w, v, previous, out = np.ones(5), np.zeros(5), None, []

@@ -1,10 +1,10 @@
-"""Momentum SGD with momentum correction (Goyal et al. 2017 §2.1).
+"""Momentum SGD with momentum correction (Goyal et al. 2017 §3).
 
 Keras's SGD keeps the LR inside the velocity:
   v <- m v - lr g;  w <- w + v
 so when the LR changes, v still holds steps taken at the old LR: after a
 step decay the update shrinks over about 1 / (1 - m) steps, not at once,
-and during a warm-up it lags the rising LR. Goyal et al. §2.1 correct this
+and during a warm-up it lags the rising LR. Goyal et al. §3 correct this
 by scaling v by lr_new / lr_old at each change ("momentum correction").
 The corrected update is momentum with the LR outside the velocity:
   u <- m u + g;  w <- w - lr u                       (classic)

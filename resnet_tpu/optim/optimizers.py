@@ -5,7 +5,7 @@
   rmsprop_warmup: RMSprop turning into momentum SGD (Akiba et al. 2017).
 
 momentum is Keras's SGD, the LR inside the velocity (v <- m v - lr g), with
-no momentum correction when the LR changes (Goyal et al. §2.1); with
+no momentum correction when the LR changes (Goyal et al. §3); with
 --momentum_correction it is corrected_momentum.py's, the LR outside, as
 tensorflow/tpu's tf.train.MomentumOptimizer (README's paper map).
 
