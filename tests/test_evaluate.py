@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -244,3 +245,73 @@ def test_the_readme_s_serving_request_reaches_serve_jpeg(trained, tmp_path):
   assert int(response["top5_classes"][0, 0]) == want["class"]
   assert float(tf.reduce_max(response["probabilities"][0])) == (
       pytest.approx(want["probability"], rel=1e-5))
+
+
+def _stored_with_orientation(upright_image: np.ndarray, orientation: int,
+                             path) -> None:
+  """Writes the JPEG a camera stores for `upright_image` held with EXIF
+  `orientation`: the pixels turned so that PIL's exif_transpose (what
+  photo viewers do) shows them upright."""
+  from PIL import Image  # matplotlib's dependency
+  undo = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180,
+          4: Image.Transpose.FLIP_TOP_BOTTOM, 5: Image.Transpose.TRANSPOSE,
+          6: Image.Transpose.ROTATE_90, 7: Image.Transpose.TRANSVERSE,
+          8: Image.Transpose.ROTATE_270}
+  stored = Image.fromarray(upright_image).transpose(undo[orientation])
+  exif = Image.Exif()
+  exif[0x0112] = orientation
+  stored.save(path, "JPEG", quality=100, exif=exif.tobytes())
+
+
+@pytest.mark.parametrize("orientation", range(2, 9))
+def test_predict_turns_a_photo_upright_by_its_exif_orientation(
+    tmp_path, orientation):
+  from PIL import Image, ImageOps
+  from tools import predict
+  rows, cols = np.mgrid[0:24, 0:40]
+  image = np.stack([rows * 10, cols * 6, rows * cols // 4], -1).astype(
+      np.uint8)  # every turn and mirror of it differs
+  path = tmp_path / "portrait.jpg"
+  _stored_with_orientation(image, orientation, path)
+  data = path.read_bytes()
+  assert predict.exif_orientation(data) == orientation
+  got = tf.io.decode_jpeg(predict.as_training_jpeg(data)).numpy()
+  assert got.shape == image.shape
+  # Two JPEG encodings' rounding (chroma subsampling): a few levels; any
+  # other turn or mirror of this gradient is off by tens.
+  assert np.abs(got.astype(int) - image).mean() < 5
+  viewer = np.asarray(ImageOps.exif_transpose(Image.open(path)))
+  assert np.abs(got.astype(int) - viewer).mean() < 5
+  stored = tf.io.decode_jpeg(data).numpy()
+  if stored.shape == image.shape:  # a flip or half turn, not applied
+    assert np.abs(stored.astype(int) - image).mean() > 20
+
+
+def test_a_portrait_photo_gets_the_class_of_the_same_photo_upright(
+    trained, tmp_path):
+  """The user's path end to end: a folder with the photo upright, the
+  same photo stored sideways with its EXIF tag, and a .webp, which is
+  named as skipped. (This tiny network is nearly blind to a quarter turn,
+  so the turn itself is proved on pixels, by the test above.)"""
+  from PIL import Image
+  from tools import predict
+  folder = os.path.join(os.path.dirname(trained.input.data_dir), "images",
+                        "validation")
+  first_class = sorted(os.listdir(folder))[0]
+  name = sorted(os.listdir(os.path.join(folder, first_class)))[0]
+  image = np.asarray(Image.open(os.path.join(folder, first_class, name))
+                     .convert("RGB"))
+  Image.fromarray(image).save(tmp_path / "upright.jpg", quality=100)
+  _stored_with_orientation(image, 6, tmp_path / "portrait.jpg")
+  (tmp_path / "notes.webp").write_bytes(b"RIFF....WEBP")
+  served = evaluate.served_export(trained.run.export_dir)
+  with mock.patch.object(predict.logging, "warning") as warning:
+    paths = predict.image_paths([str(tmp_path)])
+  assert [os.path.basename(p) for p in paths] == ["portrait.jpg",
+                                                  "upright.jpg"]
+  warning.assert_called_once()
+  assert str(tmp_path / "notes.webp") in warning.call_args.args
+  portrait, upright = predict.predict(served, paths)
+  assert portrait["top"][0]["class"] == upright["top"][0]["class"]
+  assert portrait["top"][0]["probability"] == pytest.approx(
+      upright["top"][0]["probability"], abs=0.02)

@@ -66,9 +66,10 @@ print(json.dumps({
 """
 
 
-def run_python(*args: str) -> str:
+def run_python(*args: str, **environ: str) -> str:
   result = subprocess.run([sys.executable, *args], cwd=REPO, text=True,
-                          capture_output=True, timeout=120)
+                          capture_output=True, timeout=120,
+                          env={**os.environ, **environ})
   assert result.returncode == 0, result.stderr[-3000:]
   return result.stdout
 
@@ -123,11 +124,13 @@ def run_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def served(run_dir):
-  """Export by the CLI, then the outputs of a fresh TF-only process."""
+  """Export by the CLI, then the outputs of a fresh TF-only process. The
+  CLI runs from a JAX user's shell (KERAS_BACKEND=jax, and no JAX here):
+  the tool chooses TensorFlow's engine itself (tools/__init__.py)."""
   root, cfg, reference = run_dir
   export_dir = str(root / "export")
   run_python("-m", "tools.export_savedmodel", f"--model_dir={cfg.model_dir}",
-             f"--export_dir={export_dir}")
+             f"--export_dir={export_dir}", KERAS_BACKEND="jax")
   records = list(tf.data.TFRecordDataset(
       input_pipeline.split_files(cfg.input.data_dir, "validation")))
   jpegs = [tf.train.Example.FromString(r.numpy()).features.feature[

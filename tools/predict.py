@@ -10,9 +10,12 @@ re-encoded to JPEG exactly as build_tfrecords does (to_rgb_jpeg). Each then
 goes through the export's `serve_jpeg`: the eval preprocessing of training
 (the run's centre crop), so a photo scores as the in-training evaluation
 would score it. A folder stands for the images in it (not its subfolders),
-sorted. Class names come from the run's synsets.txt
-(tools/evaluate.class_names). A file that does not decode is named with its
-error and counted; the others are still classified.
+sorted; its other files are named as skipped, with why. A JPEG's EXIF
+orientation is applied first, as photo viewers do (a phone's portrait
+photo is stored sideways with a tag that says so). Class names come from
+the run's synsets.txt (tools/evaluate.class_names). A file that does not
+decode is named with its error and counted; the others are still
+classified.
 """
 import json
 import os
@@ -28,6 +31,7 @@ if not __package__:  # run as a file: the repository's root on the path
   sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))
 
 from data.build_tfrecords import IMAGE_EXTENSIONS
+from data.build_tfrecords import JPEG_QUALITY
 from data.build_tfrecords import to_rgb_jpeg
 from tools import evaluate
 
@@ -41,8 +45,15 @@ def image_paths(inputs: list[str]) -> list[str]:
   paths = []
   for item in inputs:
     if tf.io.gfile.isdir(item):
-      found = sorted(os.path.join(item, n) for n in tf.io.gfile.listdir(item)
-                     if n.lower().endswith(IMAGE_EXTENSIONS))
+      names = sorted(tf.io.gfile.listdir(item))
+      found = [os.path.join(item, n) for n in names
+               if n.lower().endswith(IMAGE_EXTENSIONS)]
+      for name in names:
+        path = os.path.join(item, name)
+        if (not name.lower().endswith(IMAGE_EXTENSIONS) and
+            not tf.io.gfile.isdir(path)):
+          logging.warning("Skipped %s: not a format training takes (%s).",
+                          path, ", ".join(IMAGE_EXTENSIONS))
       if not found:
         raise ValueError(f"{item} holds no image ({', '.join(IMAGE_EXTENSIONS)}"
                          ").")
@@ -71,13 +82,57 @@ def _one(served: evaluate.Served, data: bytes) -> np.ndarray | str:
     return str(error).strip().splitlines()[0]
 
 
+def exif_orientation(data: bytes) -> int:
+  """The EXIF Orientation tag (1-8) of a JPEG's APP1 segment; 1 (upright)
+  without one."""
+  i = 2 if data.startswith(b"\xff\xd8") else len(data)
+  while i + 4 <= len(data) and data[i] == 0xFF and data[i + 1] not in (
+      0xD9, 0xDA):  # up to the image data
+    length = int.from_bytes(data[i + 2:i + 4], "big")
+    if data[i + 1] == 0xE1 and data[i + 4:i + 10] == b"Exif\0\0":
+      return _tiff_orientation(data[i + 10:i + 2 + length])
+    i += 2 + length
+  return 1
+
+
+def _tiff_orientation(tiff: bytes) -> int:
+  order = {b"II": "little", b"MM": "big"}.get(tiff[:2])
+  if order is None or len(tiff) < 8:
+    return 1
+  ifd = int.from_bytes(tiff[4:8], order)
+  for k in range(int.from_bytes(tiff[ifd:ifd + 2], order)):
+    entry = tiff[ifd + 2 + 12 * k:ifd + 14 + 12 * k]
+    if len(entry) == 12 and int.from_bytes(entry[:2], order) == 0x0112:
+      value = int.from_bytes(entry[8:10], order)
+      return value if 1 <= value <= 8 else 1
+  return 1
+
+
+def upright(image: tf.Tensor, orientation: int) -> tf.Tensor:
+  """`image` [h, w, c] as EXIF `orientation` says to display it."""
+  if orientation in (5, 7):
+    image = tf.image.transpose(image)
+  if orientation in (2, 4):
+    image = tf.image.flip_left_right(image)
+  # rot90 turns counter-clockwise: 6 (and 5) are stored turned left.
+  turns = {3: 2, 4: 2, 6: 3, 7: 2, 8: 1}.get(orientation, 0)
+  return tf.image.rot90(image, k=turns)
+
+
 def as_training_jpeg(data: bytes) -> bytes:
-  """`data` as training's records hold it (build_tfrecords.to_rgb_jpeg);
-  undecodable data unchanged, for serve_jpeg to name its error."""
+  """`data` as training's records hold it (build_tfrecords.to_rgb_jpeg),
+  turned upright by its EXIF orientation; undecodable data unchanged, for
+  serve_jpeg to name its error."""
   try:
-    return to_rgb_jpeg(data)[0]
+    jpeg = to_rgb_jpeg(data)[0]
   except tf.errors.InvalidArgumentError:
     return data
+  orientation = exif_orientation(data)
+  if orientation == 1:
+    return jpeg
+  image = upright(tf.io.decode_jpeg(jpeg, channels=3), orientation)
+  return tf.io.encode_jpeg(image, format="rgb",
+                           quality=JPEG_QUALITY).numpy()
 
 
 def predict(served: evaluate.Served, paths: list[str],
