@@ -40,6 +40,10 @@ COLLECTIVE = re.compile(
     r"all-gather|all-gather-start|reduce-scatter|all-to-all|"
     r"ragged-all-to-all|collective-permute|collective-permute-start|"
     r"collective-broadcast|send|recv)\((.*)$", re.M)
+# What an asynchronous collective's start op counts as.
+ASYNC_STARTS = {"all-reduce-start": "all-reduce",
+                "all-gather-start": "all-gather",
+                "collective-permute-start": "collective-permute"}
 GROUPS = re.compile(r"replica_groups=mesh\[([^\]]*)\] \{([^}]*)\}")
 # Pinned: group size -> (BN all-reduce ops, their operands). Groups of 1
 # need no BN sum. XLA merges 6 pairs of independent group sums (the
@@ -56,14 +60,20 @@ def census(group_size: int) -> list[tuple[str, int, str, tuple[str, ...]]]:
                       build_mesh(group_size), LossConfig(10, 16, 0.1, 1e-4))
   images = np.zeros((16, 32, 32, 3), np.float32)
   labels = np.zeros(16, np.int32)
-  hlo = step.step.lower(step.state(), *step.shard_batch(images, labels)
-                        ).compile().as_text()
+  return collectives(step.step.lower(
+      step.state(), *step.shard_batch(images, labels)).compile().as_text())
+
+
+def collectives(hlo: str) -> list[tuple[str, int, str, tuple[str, ...]]]:
+  """(kind, operands, mesh shape, reduced axes) of every collective of
+  `hlo`. An asynchronous pair (GPU's and TPU's all-reduce-start ... -done)
+  is one all-reduce, counted at its start, which holds the operands."""
   found = []
   for kind, rest in COLLECTIVE.findall(hlo):
     operands = rest.split(")", 1)[0].count("%")
     groups = GROUPS.search(rest)
     mesh, axes = groups.groups() if groups else ("", "")
-    found.append((kind, operands, mesh,
+    found.append((ASYNC_STARTS.get(kind, kind), operands, mesh,
                   tuple(a.strip(" '") for a in axes.split(","))))
   return found
 
@@ -94,3 +104,18 @@ def test_the_census_sees_collectives_it_was_not_told_of():
                "collective-permute", "all-reduce-start", "send", "recv"):
     line = f"  %x.1 = f32[4]{{0}} {kind}(%y), channel_id=2"
     assert [k for k, _ in COLLECTIVE.findall(line)] == [kind]
+
+
+def test_an_asynchronous_all_reduce_counts_once_with_its_operands():
+  """GPU and TPU compile the step's all-reduces as -start/-done pairs; CPU
+  (these tests) as all-reduce: the census reads both the same."""
+  groups = f"replica_groups=mesh['{GROUPS_AXIS}'=4,'{IN_GROUP_AXIS}'=2]"
+  sync = (f"  %all-reduce.3 = (f32[8]{{0}}, f32[]) all-reduce(%p.1, %p.2), "
+          f"channel_id=1, {groups} {{'{IN_GROUP_AXIS}'}}, to_apply=%add")
+  start = sync.replace("%all-reduce.3", "%all-reduce-start.3").replace(
+      "all-reduce(", "all-reduce-start(")
+  done = ("  %all-reduce-done.3 = (f32[8]{0}, f32[]) "
+          "all-reduce-done(%all-reduce-start.3)")
+  assert collectives(start + "\n" + done) == collectives(sync) == [
+      ("all-reduce", 2, f"'{GROUPS_AXIS}'=4,'{IN_GROUP_AXIS}'=2",
+       (IN_GROUP_AXIS,))]
