@@ -15,7 +15,7 @@ checkpoints and no export (config.validate names what needs TensorFlow).
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any, Callable, TYPE_CHECKING
+from typing import Any, TYPE_CHECKING
 
 from absl import logging
 import keras
@@ -29,12 +29,12 @@ from resnet_tpu.train import checkpoint_paths
 from resnet_tpu.train import loop
 from resnet_tpu.train import storage
 from resnet_tpu.train.engine import LoopCallback
+from resnet_tpu.train.engine import ModelFn
 
 if TYPE_CHECKING:
   from resnet_tpu.data_checks import DataFiles
   from resnet_tpu.inputs.shard_audit import DataFaults
 
-ModelFn = Callable[[TrainConfig], keras.Model]
 ENGINES = ("tensorflow", "jax")
 
 

@@ -12,11 +12,16 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Protocol, Sequence
 
+import keras
+
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.train.loop_result import LoopResult
 
 # Called with each host loop's train record once it is logged.
 LoopCallback = Callable[[dict], None]
+# Builds the network of a config (default: model.build_model); tests and
+# tools train other networks through it, on either engine.
+ModelFn = Callable[[TrainConfig], keras.Model]
 
 
 class Engine(Protocol):

@@ -35,6 +35,7 @@ from resnet_tpu.engines.jax import processes
 from resnet_tpu.engines.jax.npz_checkpoints import NpzCheckpoints
 from resnet_tpu.engines.jax.state import iterations_index
 from resnet_tpu.engines.jax.step import JaxTrainStep
+from resnet_tpu.engines.jax.step import METRICS
 from resnet_tpu.engines.jax.state import LossConfig
 from resnet_tpu.engines.jax.state import TrainState
 from resnet_tpu.engines.jax.watchdog import Watchdog
@@ -45,6 +46,7 @@ from resnet_tpu.train import checkpoint_paths
 from resnet_tpu.train import loop
 from resnet_tpu.train import preemption
 from resnet_tpu.train.engine import LoopCallback
+from resnet_tpu.train.engine import ModelFn
 from resnet_tpu.train.loop_result import LoopResult
 from resnet_tpu.train.loss_scaling import GROWTH_STEPS
 from resnet_tpu.train.loss_scaling import INITIAL_SCALE
@@ -54,7 +56,6 @@ if TYPE_CHECKING:
   from resnet_tpu.inputs.shard_audit import DataFaults
 
 Batches = Iterator[tuple[np.ndarray, ...]]
-METRICS = ("loss", "top1", "top5", "examples")
 
 
 def checkpoint_store(cfg: TrainConfig, model: keras.Model,
@@ -97,7 +98,7 @@ class JaxEngine:
   trace = (jax.profiler.start_trace, jax.profiler.stop_trace)
 
   def __init__(self, cfg: TrainConfig, mesh: jax.sharding.Mesh,
-               model_fn: Callable[[TrainConfig], keras.Model] | None = None):
+               model_fn: ModelFn | None = None):
     """model_fn: builds the network (default: model.build_model)."""
     self.cfg = cfg
     self.model = (model_fn(cfg) if model_fn else

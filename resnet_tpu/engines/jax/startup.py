@@ -15,7 +15,6 @@ from typing import Callable, TYPE_CHECKING
 
 from absl import logging
 import jax
-import keras
 
 from resnet_tpu import config as config_lib
 from resnet_tpu import files
@@ -26,6 +25,7 @@ from resnet_tpu.engines.jax.engine import JaxEngine
 from resnet_tpu.inputs import synthetic
 from resnet_tpu.parallel.bn_all_reduce_jax import build_mesh
 from resnet_tpu.parallel.bn_all_reduce_jax import replica_groups
+from resnet_tpu.train.engine import ModelFn
 
 if TYPE_CHECKING:
   from resnet_tpu.data_checks import DataFiles
@@ -73,7 +73,7 @@ def hide_gpus_from_tensorflow() -> None:
 
 
 def build(cfg: TrainConfig, devices: list[jax.Device],
-          model_fn: Callable[[TrainConfig], keras.Model] | None = None
+          model_fn: ModelFn | None = None
           ) -> JaxEngine:
   """The mesh of `devices` (BN groups as its rows), then the engine."""
   mesh = build_mesh(cfg.model.bn_group_size, devices)

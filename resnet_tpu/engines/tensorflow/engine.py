@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 from typing import Callable, Sequence
 
-import keras
 import tensorflow as tf
 
 from resnet_tpu.config import TrainConfig
@@ -35,10 +34,8 @@ from resnet_tpu.train.checkpointing import check_workers_agree
 from resnet_tpu.train.checkpointing import Checkpoints
 from resnet_tpu.train.checkpointing import worker_checkpoint_dir
 from resnet_tpu.train.engine import LoopCallback
+from resnet_tpu.train.engine import ModelFn
 from resnet_tpu.train.loop_result import LoopResult
-
-ModelFn = Callable[[TrainConfig], keras.Model]
-
 
 @dataclasses.dataclass(frozen=True)
 class TrainInput:

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 from resnet_tpu import config as config_lib
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.engines.tensorflow.engine import EvalInput
-from resnet_tpu.engines.tensorflow.engine import ModelFn
 from resnet_tpu.engines.tensorflow.engine import TensorFlowEngine
 from resnet_tpu.engines.tensorflow.engine import TrainInput
 from resnet_tpu.inputs import input_pipeline
@@ -23,6 +22,7 @@ from resnet_tpu.parallel.strategy import Distribution
 from resnet_tpu.runtime import device_check
 from resnet_tpu.runtime import host_memory
 from resnet_tpu.runtime import process_setup
+from resnet_tpu.train.engine import ModelFn
 
 if TYPE_CHECKING:
   from resnet_tpu.data_checks import DataFiles
