@@ -18,7 +18,7 @@ classes. RGB JPEGs are stored byte for byte; PNG, CMYK, grayscale and other
 images are re-encoded as RGB JPEG. Progressive JPEGs are counted and, with
 --progressive_to_baseline, re-encoded as baseline JPEGs: the fused
 decode-and-crop of §3.2 saves nothing on a progressive JPEG, whose every scan
-must be decoded before any pixel (README "Performance"; ImageNet's own JPEGs
+must be decoded before any pixel (docs/performance.md; ImageNet's own JPEGs
 are baseline). An image that does not decode is reported by path and
 skipped. OUTPUT_DIR/synsets.txt lists `<class index>\t<synset>`
 (TFRecord label = class index + 1); a later build into the same OUTPUT_DIR,
@@ -345,7 +345,7 @@ def build(input_dir: str, output_dir: str, split: str, num_shards: int,
     logging.warning(
         "%d of %d images are progressive JPEGs, stored as they are: the "
         "fused decode-and-crop saves nothing on them and they decode more "
-        "slowly (docs/performance-notes.md); --progressive_to_baseline "
+        "slowly (docs/performance.md); --progressive_to_baseline "
         "re-encodes them as baseline JPEGs", report.num_progressive_stored,
         report.num_written)
   return report

@@ -109,7 +109,7 @@ def _warn_if_progressive(example: tf.train.Example, path: str) -> None:
         "fused decode-and-crop (--fused_decode_crop) saves nothing on "
         "progressive JPEGs, which also decode about 2x slower; "
         "data/build_tfrecords.py --progressive_to_baseline re-encodes them "
-        "as baseline JPEGs (README 'Running for real').", path)
+        "as baseline JPEGs (docs/performance.md).", path)
 
 
 def check_data_dir(cfg: TrainConfig, files: DataFiles) -> None:

@@ -3,7 +3,7 @@
 TensorFlow's file systems where TensorFlow is installed: tf.io.gfile reads
 and writes local paths, gs:// and every file system TensorFlow has, so the
 model_dir and the data may live in a bucket. A JAX run on a machine
-without TensorFlow (a GPU image with JAX alone: README "Running on JAX")
+without TensorFlow (a GPU image with JAX alone: docs/jax.md)
 writes its model_dir with Python's `open` and `os`: local paths only, which
 config.validate checks before start-up.
 """

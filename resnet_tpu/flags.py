@@ -58,7 +58,7 @@ HELP = {
                      "CrossReplicaSum / subgroup collectives), collective, "
                      "or masked (full all-reduce of a one-hot buffer).",
     "backend": "Keras's engine: tensorflow, jax, or auto ($KERAS_BACKEND, "
-               "else tensorflow). README \"Running on JAX\" lists what "
+               "else tensorflow). docs/jax.md lists what "
                "the jax engine runs and how it differs.",
     "strategy": "auto, tpu, gpu, cpu (virtual CPU replicas) or multi_worker "
                 "(TensorFlow: MultiWorkerMirroredStrategy from TF_CONFIG; "

@@ -1,4 +1,4 @@
-"""Prints the README's layout: each top-level module and package, its lines,
+"""Prints docs/layout.md's table: each top-level module and package, its lines,
 its purpose.
 
   python -m tests.module_list
@@ -6,7 +6,7 @@ its purpose.
 The purpose is the first line of the module's docstring (a package's: of its
 __init__.py); a package's lines are those of all its modules. One row per
 subpackage of resnet_tpu, one per other folder. tests/test_readme.py checks
-that README.md contains exactly this table, so the layout section cannot
+that docs/layout.md contains exactly this table, so the layout cannot
 drift from the tree.
 """
 import ast

@@ -1,5 +1,5 @@
 """Bad input fails early with a message naming the flag or file, and a few
-broken images in the data never crash training (README "Reliability").
+broken images in the data never crash training (docs/reliability.md).
 
 run.run is called with the TensorFlow start-up's create_strategy replaced:
 by a function that fails where a check must come before strategy start-up,

@@ -38,7 +38,7 @@ RECIPES = ("ying2018_v3-1024.cfg", "mikami2018_abci_2176gpu.cfg",
            "cpu_demo.cfg", "small_images.cfg")
 # The most TPU replicas one TPU VM host drives (a v2/v3 host: 8 cores).
 ONE_HOST_TPU_REPLICAS = 8
-README = os.path.join(os.path.dirname(FLAGS_DIR), "README.md")
+TPU_DOC = os.path.join(os.path.dirname(FLAGS_DIR), "docs", "tpu.md")
 REPLICAS_LINE = re.compile(r"^# replicas: (\d+)$", re.MULTILINE)
 FLAG_LINE = re.compile(r"^--\w+=\S*$")
 # Toy runs: 2 replicas x 4 images a micro-batch, 16 images an epoch. Batch-
@@ -151,7 +151,7 @@ def test_flagfile_recipe_trains_2_steps_on_2_cpu_replicas(path, train_toy):
 def test_tpu_flagfiles_follow_the_route_tensorflow_documents(path):
   """One host: --tpu=local on that TPU VM. A pod slice: one process on
   worker 0 with --tpu=$TPU_NAME (TensorFlow on TPU VMs is single-
-  controller), which README's "Pod slices" tells the same way."""
+  controller), which docs/tpu.md's "Pod slices" tells the same way."""
   cfg = parse_flagfile(path)
   if cfg.distribution.strategy != "tpu":
     return
@@ -165,13 +165,13 @@ def test_tpu_flagfiles_follow_the_route_tensorflow_documents(path):
   for said in ("worker 0 only", "--tpu=$TPU_NAME", "requirements-tpu-pod.txt",
                "tpu-vm-tf-*-pod"):
     assert said in header, f"{path} does not say {said!r}"
-  with open(README) as f:
-    readme = f.read()
-  pod = readme[readme.index("#### Pod slices"):]
-  pod = pod[:pod.index("\n##")]
-  for said in ("worker 0", "--tpu=$TPU_NAME", "requirements-tpu-pod.txt",
+  with open(TPU_DOC) as f:
+    doc = f.read()
+  pod = doc[doc.index("\n## Pod slices\n"):]
+  pod = pod[:pod.index("\n## ", 1)]
+  for said in ("worker 0", "--tpu=$TPU_NAME", "requirements/tpu-pod.txt",
                "tpu-vm-tf-", os.path.basename(path)):
-    assert said in pod, f"README's Pod slices section does not say {said!r}"
+    assert said in pod, f"docs/tpu.md's Pod slices does not say {said!r}"
 
 
 def test_unknown_flag_in_a_flagfile_fails_parsing(tmp_path):
@@ -307,8 +307,8 @@ def test_the_fine_tune_flagfile_warms_up_and_decays_within_the_run(images):
         expected, rel=1e-2, abs=1e-6), step
 
 
-# What the JAX engine trains of the shipped flagfiles (README "Running on
-# JAX"), and the flag it names for the rest (config.JAX_UNSUPPORTED).
+# What the JAX engine trains of the shipped flagfiles (docs/jax.md), and
+# the flag it names for the rest (config.JAX_UNSUPPORTED).
 JAX_REFUSES = {"mikami2018_abci_2176gpu.cfg": "--gradient_all_reduce=2d"}
 
 

@@ -1,6 +1,7 @@
-"""README stays true to the code: a front page whose tables are generated or
-checked against the tree (flags, flagfiles, the paper map, the module list,
-make targets)."""
+"""README stays true to the code: a front page of at most about 200 lines
+whose tables are generated or checked against the tree (the install matrix,
+flags, flagfiles, the paper map, make targets), and docs/ pages that hold
+the rest (the module list in docs/layout.md, every page on the map)."""
 import ast
 import json
 import os
@@ -12,9 +13,11 @@ from lab.study_report import TEXT
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The sections of the front page, in order.
-SECTIONS = ("Status", "Quickstart", "Running for real", "Paper map",
-            "Recipes", "Flag reference", "Performance", "Results on real data",
-            "Reliability", "Layout")
+SECTIONS = ("Status", "Quickstart", "Install", "Results", "Paper map",
+            "Recipes", "Flag reference", "Map")
+FRONT_PAGE_LINES = 200
+# The install matrix's rows: the machines a user installs on.
+MACHINES = ("CPU development", "TPU VM", "GPU host", "no TensorFlow")
 
 
 def _read(name: str) -> str:
@@ -22,11 +25,17 @@ def _read(name: str) -> str:
     return f.read()
 
 
-def _section(title: str) -> str:
-  readme = _read("README.md")
-  start = readme.index(f"\n## {title}\n")
-  end = readme.find("\n## ", start + 1)
-  return readme[start:end if end > 0 else None]
+def _section(title: str, name: str = "README.md") -> str:
+  text = _read(name)
+  start = text.index(f"\n## {title}\n")
+  end = text.find("\n## ", start + 1)
+  return text[start:end if end > 0 else None]
+
+
+def _docs() -> list[str]:
+  return sorted(os.path.join("docs", name)
+                for name in os.listdir(os.path.join(ROOT, "docs"))
+                if name.endswith(".md"))
 
 
 def test_readme_sections_are_in_order():
@@ -35,15 +44,53 @@ def test_readme_sections_are_in_order():
   assert positions == sorted(positions)
 
 
+def test_readme_is_a_front_page():
+  assert len(_read("README.md").splitlines()) <= FRONT_PAGE_LINES
+
+
+def test_the_install_matrix_names_an_existing_file_per_machine_and_engine():
+  rows = [line for line in _section("Install").splitlines()
+          if line.startswith("| ") and "---" not in line]
+  header = [c.strip() for c in rows[0].strip("|").split("|")]
+  assert header == ["machine", "TensorFlow", "JAX"]
+  cells = {}
+  for row in rows[1:]:
+    machine, *engines = [c.strip() for c in row.strip("|").split("|")]
+    cells[machine] = engines
+  assert [next(m for m in cells if m.startswith(machine))
+          for machine in MACHINES] == list(cells)
+  for machine, engines in cells.items():
+    named = re.findall(r"`(requirements/[\w.-]+\.txt)`", " ".join(engines))
+    assert named, machine
+    assert all(re.search(r"`requirements/", cell) for cell in engines
+               if cell), machine
+    for path in named:
+      assert os.path.exists(os.path.join(ROOT, path)), (
+          f"README's install matrix names {path}, which does not exist")
+
+
+def test_the_map_links_every_doc_and_every_link_exists():
+  text = _read("README.md")
+  linked = set(re.findall(r"\]\((docs/[\w.-]+\.md)\)", _section("Map")))
+  assert linked == set(_docs())
+  for name in ["README.md"] + _docs():
+    folder = os.path.dirname(name)
+    for target in re.findall(r"\]\(([^)#:]+?)(?:#[\w-]*)?\)", _read(name)):
+      path = os.path.normpath(os.path.join(ROOT, folder, target))
+      assert os.path.exists(path), f"{name} links {target}, which is missing"
+  assert "Why not tensorflow-addons" in _read("docs/layout.md")
+  assert "why not tensorflow-addons" in text
+
 def test_the_flag_reference_is_the_generated_table():
   assert flag_table() in _read("docs/flags.md"), (
       "docs/flags.md is stale: paste `python -m tests.flag_reference`")
   assert "(docs/flags.md)" in _section("Flag reference")
 
 
-def test_readme_module_list_is_the_generated_table():
-  assert module_table() in _section("Layout"), (
-      "README module list is stale: paste `python -m tests.module_list`")
+def test_the_module_list_is_the_generated_table():
+  assert module_table() in _read("docs/layout.md"), (
+      "docs/layout.md's module list is stale: paste "
+      "`python -m tests.module_list`")
 
 
 def test_every_flagfile_is_listed_and_every_listed_flagfile_exists():
@@ -52,10 +99,12 @@ def test_every_flagfile_is_listed_and_every_listed_flagfile_exists():
   assert listed == on_disk
 
 
-def test_every_module_named_in_the_readme_exists():
-  for path in re.findall(r"`((?:resnet_tpu|tools|lab|tests|data)/[\w/]+\.py)`",
-                         _read("README.md")):
-    assert os.path.exists(os.path.join(ROOT, path)), path
+def test_every_module_named_in_the_readme_and_docs_exists():
+  for name in ["README.md"] + _docs():
+    for path in re.findall(
+        r"`((?:resnet_tpu|tools|lab|tests|tests_jax|data)/[\w/]+\.py)`",
+        _read(name)):
+      assert os.path.exists(os.path.join(ROOT, path)), (name, path)
 
 
 def _docstring(path: str) -> str:
@@ -92,7 +141,12 @@ def test_quickstart_targets_exist():
   for target in ("demo", "test", "bench", "test-tpu-build"):
     assert re.search(rf"^{target}:", makefile, re.M), target
   quickstart = _section("Quickstart")
-  assert "make demo" in quickstart and "make test" in quickstart
+  block = quickstart[quickstart.index("```sh\n") + 6:]
+  commands = [line.split("#")[0].strip()
+              for line in block[:block.index("```")].splitlines()]
+  assert [c for c in commands if c] == ["make demo", "make test"]
+  for version in ("3.10", "3.11", "3.12"):
+    assert version in quickstart, version
   assert "make test" in _read(".ci/run")
 
 
@@ -137,7 +191,7 @@ def _study_figures() -> tuple[set[str], list[dict]]:
 
 
 def test_results_on_real_data_quote_only_what_the_committed_studies_measured():
-  """The front page's short table and the studies' own README
+  """The front page's table, docs/studies.md's and the studies' own README
   (bench_results/studies/README.md, the full tables)."""
   full = _read(os.path.join("bench_results", "studies", "README.md"))
   figures, studies = _study_figures()
@@ -146,9 +200,11 @@ def test_results_on_real_data_quote_only_what_the_committed_studies_measured():
     assert f"Run {study['date']}" in full
     assert study["machine"].split(",")[1].strip() in full  # "2 cores"
     assert f"TensorFlow {tf_version(study)}" in full
-  section = _section("Results on real data")
+  section = _section("Results")
   assert "(bench_results/studies/README.md)" in section
-  rows = "\n".join(line for line in (section + full).splitlines()
+  studies_doc = _read("docs/studies.md")
+  assert "(../bench_results/studies/README.md)" in studies_doc
+  rows = "\n".join(line for line in (section + studies_doc + full).splitlines()
                    if line.startswith("| ") and "---" not in line)
   quoted = re.findall(r"\d+\.\d+", re.sub(r"§\d+(\.\d+)?", "", rows))
   assert quoted and not [q for q in quoted if q not in figures], (

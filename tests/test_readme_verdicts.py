@@ -1,11 +1,12 @@
-"""README quotes the studies' verdicts as their JSON gives them (issue 51).
+"""README and docs/studies.md quote the studies' verdicts as their JSON gives
+them (issue 51).
 
-Each row of README's "Results on real data" table names the criteria it
-quotes (ROWS): its verdict cell must give their verdicts and its gap cell
-their gaps and pooled seed spreads to two digits. Where README's front
-page, its recipe table and its results text speak of
-flags/small_images.cfg against stock Keras, they must use the confirmatory
-study's verdict (CONFIRM): "beats" only if it held.
+Each row of the results table (README's "Results", docs/studies.md's in
+full) names the criteria it quotes (ROWS): its verdict cell must give their
+verdicts and its gap cell their gaps and pooled seed spreads to two digits.
+Where README's recipe table and the results text after either table speak
+of flags/small_images.cfg against stock Keras, they must use the
+confirmatory study's verdict (CONFIRM): "beats" only if it held.
 """
 import json
 import os
@@ -67,14 +68,22 @@ def _verdict(file: str, criterion: str) -> dict:
   return found[0]
 
 
-def _readme() -> str:
-  with open(os.path.join(ROOT, "README.md")) as f:
+# Where a results table stands: the file, and the heading its text follows.
+RESULTS = (("README.md", "\n## Results\n"),
+           ("docs/studies.md", "# Results on real data\n"))
+
+
+def _read(name: str) -> str:
+  with open(os.path.join(ROOT, name)) as f:
     return f.read()
 
 
-def _results_rows() -> dict[str, list[str]]:
-  section = _readme().split("## Results on real data", 1)[1].split(
-      "\n## ", 1)[0]
+def _results(name: str, heading: str) -> str:
+  return _read(name).split(heading, 1)[1].split("\n## ", 1)[0]
+
+
+def _results_rows(name: str, heading: str) -> dict[str, list[str]]:
+  section = _results(name, heading)
   rows = {}
   for line in section.splitlines():
     cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -84,11 +93,12 @@ def _results_rows() -> dict[str, list[str]]:
   return rows
 
 
+@pytest.mark.parametrize("where", RESULTS, ids=lambda where: where[0])
 @pytest.mark.parametrize("start", list(ROWS))
-def test_each_results_row_quotes_its_json_verdicts(start):
-  rows = [cells for first, cells in _results_rows().items()
+def test_each_results_row_quotes_its_json_verdicts(start, where):
+  rows = [cells for first, cells in _results_rows(*where).items()
           if first.startswith(start)]
-  assert len(rows) == 1, f"README has {len(rows)} rows starting {start!r}"
+  assert len(rows) == 1, f"{where[0]} has {len(rows)} rows starting {start!r}"
   _, verdict_cell, gap_cell = rows[0]
   verdicts = [_verdict(*quoted) for quoted in ROWS[start]]
   words = {WORDS[v["verdict"]] for v in verdicts}
@@ -101,26 +111,23 @@ def test_each_results_row_quotes_its_json_verdicts(start):
       for v in verdicts), start
 
 
-def test_every_results_row_is_checked():
-  unchecked = [first for first in _results_rows()
+@pytest.mark.parametrize("where", RESULTS, ids=lambda where: where[0])
+def test_every_results_row_is_checked(where):
+  unchecked = [first for first in _results_rows(*where)
                if first != "claim (paper)"
                and not any(first.startswith(s) for s in ROWS)]
   assert not unchecked
 
 
 def _recipe_sentences() -> list[str]:
-  """Where README speaks of the recipe against stock Keras: the front
-  page's real-photos row, the recipe table's small_images.cfg row and the
-  results text after the table."""
-  text = _readme()
-  front = [line for line in text.splitlines()
-           if line.startswith("| real photos")]
-  recipe = [line for line in text.splitlines()
+  """Where README and docs/studies.md speak of the recipe against stock
+  Keras: README's recipe table's small_images.cfg row and the results text
+  after each results table."""
+  recipe = [line for line in _read("README.md").splitlines()
             if line.startswith("| `small_images.cfg`")]
-  results = text.split("## Results on real data", 1)[1].split("\n## ", 1)[0]
-  prose = results.rsplit("|\n", 1)[1]
-  assert len(front) == 1 and len(recipe) == 1 and prose.strip()
-  return front + recipe + [prose]
+  prose = [_results(*where).rsplit("|\n", 1)[1] for where in RESULTS]
+  assert len(recipe) == 1 and all(text.strip() for text in prose)
+  return recipe + prose
 
 
 def test_readme_says_beats_only_where_the_confirmatory_verdict_held():

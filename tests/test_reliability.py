@@ -1,4 +1,4 @@
-"""Preemption, checkpoint integrity and numerical faults (README "Reliability").
+"""Preemption, checkpoint integrity and numerical faults (docs/reliability.md).
 
 * SIGTERM to a real `python main.py` run: it finishes the host loop, writes
   a checkpoint, exits with code 42, and the same command resumes from it.

@@ -17,7 +17,7 @@ def check(cfg: TrainConfig) -> None:
 
 
 # What the JAX engine does not have yet (issue 49): flag, whether a value
-# is refused, and why; the first refused is named. README "Running on JAX"
+# is refused, and why; the first refused is named. docs/jax.md
 # lists the same.
 JAX_UNSUPPORTED = (
     ("gradient_all_reduce", lambda v: v != "auto", "JAX sums gradients "

@@ -1,4 +1,4 @@
-"""Guards of the input pipeline against bad records (README "Reliability").
+"""Guards of the input pipeline against bad records (docs/reliability.md).
 
 ImageNet-scale data has a few broken records: truncated downloads, PNGs or
 text saved as .JPEG, bit rot, a record without its label. One of them must

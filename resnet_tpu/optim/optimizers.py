@@ -7,7 +7,7 @@
 momentum is Keras's SGD, the LR inside the velocity (v <- m v - lr g), with
 no momentum correction when the LR changes (Goyal et al. §3); with
 --momentum_correction it is corrected_momentum.py's, the LR outside, as
-tensorflow/tpu's tf.train.MomentumOptimizer (README's paper map).
+tensorflow/tpu's tf.train.MomentumOptimizer (docs/papers.md).
 
 Weight decay is an L2 term in the loss for momentum and rmsprop_warmup, but
 part of the update for LARS (see `weight_decay_in_loss`): the trainer must

@@ -76,7 +76,7 @@ def _initialize_tpu(tpu: str):
         "looked for the TPU_SYSTEM device of TPUClusterResolver"
         f"(tpu={tpu!r}) and found none ({str(e).splitlines()[0]}). Run on "
         "a TPU VM (single host: --tpu=local; a pod slice: worker 0, "
-        "--tpu=<TPU name>); see README 'Running on a TPU VM'.") from None
+        "--tpu=<TPU name>); see docs/tpu.md.") from None
 
 
 def _tpu_strategy(tpu: str, bn_group_size: int, log_topology: bool,

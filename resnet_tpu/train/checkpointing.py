@@ -1,4 +1,4 @@
-"""Checkpoint restore, save and resume (README "Reliability").
+"""Checkpoint restore, save and resume (docs/reliability.md).
 
 A checkpoint holds the model, the optimizer (slots and step) and
 `input_batches`, the global batches read from the training input, so a
