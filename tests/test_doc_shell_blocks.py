@@ -30,6 +30,7 @@ import sys
 from absl import flags
 import pytest
 
+from data.make_synthetic import make_synthetic
 from resnet_tpu import flags as resnet_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -38,7 +39,9 @@ FENCE = re.compile(r"^```(\S*)\n(.*?)^```", re.M | re.S)
 # A block run at tiny scale, by its file and first command: the test that
 # runs it.
 RUN_BY = {("docs/fine-tuning.md", "python -m tools.convert_keras_weights"):
-          "tests/test_readme_fine_tune.py"}
+          "tests/test_readme_fine_tune.py",
+          ("docs/data.md", "python -m data.build_tfrecords"):
+          "tests/test_doc_shell_blocks.py"}
 SEPARATORS = {"&&", "||", ";", "|", "&"}
 REDIRECTS = {">", ">>", "<", "2>"}
 # Shell words of the restart loop (docs/spot-and-resuming.md).
@@ -248,3 +251,42 @@ def test_blocks_run_at_tiny_scale_are_run_by_their_test():
     assert (name, first) in firsts, (name, first)
     with open(os.path.join(ROOT, test)) as f:
       assert name in f.read() or name.replace("docs/", "") in f.read(), test
+
+
+def test_the_data_block_runs_at_tiny_scale(tmp_path):
+  """docs/data.md's commands as written, on 3 classes of synthetic photos
+  in ImageNet's layout (class folders for train; a flat validation folder
+  with one synset a line, in file-name order), fewer shards."""
+  made = tmp_path / "made"
+  make_synthetic(str(made), num_classes=3, images_per_class=4,
+                 validation_images_per_class=2, image_size=40)
+  imagenet = tmp_path / "imagenet"
+  imagenet.mkdir()
+  (made / "train").rename(imagenet / "train")
+  flat = imagenet / "val"
+  flat.mkdir()
+  for synset in sorted(os.listdir(made / "validation")):
+    for image in os.listdir(made / "validation" / synset):
+      (made / "validation" / synset / image).rename(flat / image)
+  (imagenet / "val_labels.txt").write_text("".join(
+      name.split("_")[0] + "\n" for name in sorted(os.listdir(flat))))
+  block = next(text for name, _, text in _shell_blocks()
+               if name == "docs/data.md")
+  block = (block.replace("/data/imagenet", str(imagenet))
+           .replace("/data/tfrecords", str(tmp_path / "tfrecords"))
+           .replace("--num_shards=1024", "--num_shards=4")
+           .replace("--num_shards=128", "--num_shards=2"))
+  found = commands(block)
+  assert [c[:3] for c in found] == [
+      ["python", "-m", "data.build_tfrecords"]] * 2 + [
+          ["python", "-m", "data.verify_tfrecords"]]
+  for command in found:
+    done = subprocess.run([sys.executable] + command[1:], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (
+        f"{shlex.join(command)}\n{done.stderr[-3000:]}")
+  written = sorted(os.listdir(tmp_path / "tfrecords"))
+  assert [n for n in written if n.startswith("train-")] == [
+      f"train-0000{i}-of-00004" for i in range(4)]
+  assert [n for n in written if n.startswith("validation-")] == [
+      f"validation-0000{i}-of-00002" for i in range(2)]
