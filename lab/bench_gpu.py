@@ -2,17 +2,21 @@
 network and JAX step against stock Keras and torchvision.
 
 In one run, each workload in a process of its own (so that each has the
-device's memory, and its peak, to itself), in this order:
+device's memory, and its peak, to itself), in this order (the least
+comparable last, where a spent budget would cut it):
   ours          the project's ResNet-50 v1.5 and JAX step
                 (engines/jax/step.py; one device, BN over the whole batch);
+  ours_bn32     the project's loss over --batch_size / --bn_images virtual
+                replicas (jax.vmap over the mesh's axes), so that BN
+                normalises over --bn_images images, as on that many GPUs;
+                differentiated outside the vmap, so that its convolutions
+                are the ordinary ones of a real step (issue 60);
   stock_layers  the same v1.5 network built from stock keras.layers
                 (Conv2D, BatchNormalization) and a plain jitted step;
-  keras_app     keras.applications.ResNet50 (v1) and the same plain step;
   torch_eager, torch_compile
-                torchvision's resnet50 (v1.5), channels-last, bf16 autocast;
-  ours_bn32     the project's step over --batch_size / --bn_images virtual
-                replicas (jax.vmap over the mesh's axes), so that BN
-                normalises over --bn_images images, as on that many GPUs.
+                torchvision's resnet50 (v1.5), channels-last, bf16 autocast,
+                cudnn.benchmark on;
+  keras_app     keras.applications.ResNet50 (v1) and the same plain step.
 The Keras steps share the loss (label smoothing 0.1, L2 1e-4 on kernels)
 and momentum SGD; torch's is the same, weight decay in the optimizer. Input
 is synthetic and already on the device. bf16 compute, float32 weights.
@@ -32,9 +36,14 @@ Python 3.12 wheels, `make bench-gpu-wheels`):
 Elsewhere: `python -m lab.bench_gpu --output_dir=DIR` with
 KERAS_BACKEND=jax, or `make bench-gpu` (BENCH_PYTHON: a Python with JAX and
 Keras).
-The run stops starting workloads when --budget_s would be exceeded.
+Each workload may take what is left of --budget_s less
+RESERVED_S for every workload after it (and at most WORKLOAD_TIMEOUT_S), so
+one that hangs cannot cut the rest. Versions are read from the installed
+distributions (no import: the parent holds no device) and the device from
+the workers.
 """
 import contextlib
+import importlib.metadata
 import json
 import os
 import platform
@@ -48,8 +57,8 @@ from absl import flags
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("output_dir", "bench_results", "Where gpu_bench.json goes.")
-flags.DEFINE_list("workloads", ["ours", "stock_layers", "keras_app",
-                                "torch_compile", "torch_eager", "ours_bn32"],
+flags.DEFINE_list("workloads", ["ours", "ours_bn32", "stock_layers",
+                                "torch_eager", "torch_compile", "keras_app"],
                   "Workloads to run, in this order.")
 flags.DEFINE_string("worker", "", "Internal: run one workload, print JSON.")
 flags.DEFINE_integer("depth", 50, "ResNet depth of the v1.5 workloads.")
@@ -59,25 +68,33 @@ flags.DEFINE_integer("num_classes", 1000, "Classes.")
 flags.DEFINE_integer("bn_images", 32, "Images per BN replica in ours_bn32.")
 flags.DEFINE_integer("warmup_steps", 5, "Untimed steps after compiling.")
 flags.DEFINE_integer("steps", 20, "Steps per timed window.")
-flags.DEFINE_integer("repeats", 3, "Timed windows per workload.")
+flags.DEFINE_integer("repeats", 5, "Timed windows per workload.")
 flags.DEFINE_float("peak_tflops", 989.4,
                    "Dense bf16 peak of the device, TFLOP/s (MFU's divisor).")
-flags.DEFINE_float("budget_s", 330.0, "Wall-clock budget of the whole run.")
+flags.DEFINE_float("budget_s", 390.0, "Wall-clock budget of the whole run.")
 
 WORKLOAD_TIMEOUT_S = 240
+# Held back for each workload still to run: a guess (no GPU has run this
+# yet) at one JAX ResNet-50 compile and its 105 steps.
+RESERVED_S = 45
 LABEL_SMOOTHING = 0.1
 WEIGHT_DECAY = 1e-4
 LEARNING_RATE = 0.1
 MOMENTUM = 0.9
 
 
-def _versions() -> dict:
+def _versions(results: dict) -> dict:
+  """Python's and the distributions' versions, without importing them
+  (Keras would need its backend, JAX would take the device); the device
+  that the first worker to run saw."""
   out = {"python": platform.python_version()}
   for name in ("jax", "jaxlib", "keras", "torch", "torchvision"):
     try:
-      out[name] = __import__(name).__version__
-    except ImportError:
+      out[name] = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
       out[name] = None
+  out["device"] = next((r["device"] for r in results.values()
+                        if "device" in r), None)
   return out
 
 
@@ -167,30 +184,48 @@ def plain_step(model, optimizer):
 
 
 def virtual_replicas_step(train_step, replicas: int, group_size: int = 1):
-  """The project's per-replica step (JaxTrainStep._replica_gradients) over
-  `replicas` virtual replicas on one device, in BN groups of `group_size`:
-  jax.vmap binds the mesh's two axis names, so every psum of the step runs
-  over the vmapped replicas (tests_jax/test_bench_gpu.py checks it against
-  the step on as many devices)."""
+  """The project's step over `replicas` virtual replicas on one device, in
+  BN groups of `group_size`: jax.vmap binds the mesh's two axis names, so
+  the BN group sums (psums) run over the vmapped replicas
+  (tests_jax/test_bench_gpu.py checks it against the step on as many
+  devices).
+
+  The replicas' losses (JaxTrainStep._replica_loss) are summed and
+  differentiated once, outside the vmap: the kernel gradients are then
+  ordinary convolutions over the whole batch, as each GPU of a real step
+  runs them. A gradient taken per replica inside the vmap would make them
+  feature-grouped convolutions, slow on cuDNN (jax-ml/jax#13800; issue 60).
+  Without loss scaling (float16) only."""
   import jax  # pylint: disable=g-import-not-at-top
   from resnet_tpu.parallel.bn_all_reduce_jax import GROUPS_AXIS  # pylint: disable=g-import-not-at-top
   from resnet_tpu.parallel.bn_all_reduce_jax import IN_GROUP_AXIS  # pylint: disable=g-import-not-at-top
   from resnet_tpu.engines.jax.state import TrainState  # pylint: disable=g-import-not-at-top
-  per_replica = jax.vmap(train_step._replica_gradients,
-                         in_axes=(None, 0, 0), axis_name=IN_GROUP_AXIS)
-  per_group = jax.vmap(per_replica, in_axes=(None, 0, 0),
-                       axis_name=GROUPS_AXIS)
+  if train_step.loss_scale:
+    raise ValueError("virtual replicas take no loss scale (float16)")
+
+  def loss(trainable, non_trainable, images, labels):
+    per_replica = jax.vmap(
+        lambda x, y: train_step._replica_loss(trainable, non_trainable, x, y),
+        axis_name=IN_GROUP_AXIS)
+    losses, aux = jax.vmap(per_replica, axis_name=GROUPS_AXIS)(images,
+                                                                labels)
+    return losses.sum(), aux
 
   def step(state, images, labels):
     shape = (replicas // group_size, group_size, -1)
-    grads, non_trainable, sums = per_group(
-        state, images.reshape(shape + images.shape[1:]),
-        labels.reshape(shape))
-    first = lambda tree: jax.tree.map(lambda t: t[0, 0], tree)
-    grads, non_trainable = first(grads), first(non_trainable)
+    grads, (non_trainable, sums) = jax.grad(loss, has_aux=True)(
+        state.trainable, state.non_trainable,
+        images.reshape(shape + images.shape[1:]), labels.reshape(shape))
+    # The moving statistics averaged over the replicas, as the step's
+    # all-reduce averages them; the rest, the same on every replica, as
+    # the first has them.
+    non_trainable = [
+        v.mean((0, 1)) if i in train_step.replica_local else v[0, 0]
+        for i, v in enumerate(non_trainable)]
     trainable, opt = train_step.optimizer.stateless_apply(
         state.optimizer, grads, state.trainable)
-    return TrainState(list(trainable), list(non_trainable), list(opt)), sums
+    return (TrainState(list(trainable), non_trainable, list(opt)),
+            sums.sum((0, 1)))
 
   return jax.jit(step, donate_argnums=0)
 
@@ -267,6 +302,8 @@ def run_torch(workload: str) -> dict:
   import torchvision  # pylint: disable=g-import-not-at-top
   if not torch.cuda.is_available():
     raise RuntimeError("torch sees no GPU")
+  # cuDNN's fastest algorithm per shape, as torch's own ResNet recipes.
+  torch.backends.cudnn.benchmark = True
   device = torch.device("cuda")
   model = torchvision.models.resnet50(num_classes=FLAGS.num_classes).to(
       device, memory_format=torch.channels_last)
@@ -362,15 +399,23 @@ def run_worker(workload: str, timeout_s: float) -> dict:
   return json.loads(lines[-1])
 
 
+def worker_timeout_s(left_s: float, workloads_after: int) -> float:
+  """What the next workload may take of the `left_s` seconds of the
+  budget: RESERVED_S stays for each of the `workloads_after` after it."""
+  return min(left_s - RESERVED_S * workloads_after, WORKLOAD_TIMEOUT_S)
+
+
 def drive() -> dict:
   start = time.perf_counter()
   results = {}
-  for workload in FLAGS.workloads:
-    left = FLAGS.budget_s - (time.perf_counter() - start)
-    if left < 30:
+  for i, workload in enumerate(FLAGS.workloads):
+    timeout_s = worker_timeout_s(
+        FLAGS.budget_s - (time.perf_counter() - start),
+        len(FLAGS.workloads) - i - 1)
+    if timeout_s < 30:
       results[workload] = {"skipped": "time budget spent"}
       continue
-    results[workload] = run_worker(workload, min(left, WORKLOAD_TIMEOUT_S))
+    results[workload] = run_worker(workload, timeout_s)
     print(workload, json.dumps(results[workload])[:300], flush=True)
   flops_v15 = (results.get("stock_layers", {}).get("flops_per_step") or
                results.get("ours", {}).get("flops_per_step"))
@@ -385,7 +430,7 @@ def drive() -> dict:
       "config": {name: getattr(FLAGS, name) for name in (
           "depth", "batch_size", "image_size", "num_classes", "bn_images",
           "warmup_steps", "steps", "repeats", "peak_tflops")},
-      "versions": _versions(),
+      "versions": _versions(results),
       "workloads": results,
       "ratios": ratios(results),
       "wall_s": time.perf_counter() - start,

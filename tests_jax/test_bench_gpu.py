@@ -1,5 +1,6 @@
 """The GPU bench (lab/bench_gpu.py) on JAX CPU devices: its virtual
-replicas are the step on real ones, and a tiny run writes its report.
+replicas are the step on real ones and run ordinary convolutions, its
+budget leaves every workload its time, and a tiny run writes its report.
 
 The step is compared in float64, as test_engines.py compares the engines.
 In float32, BN over few values per channel magnifies rounding: in this
@@ -13,10 +14,12 @@ within 0.8 % (group 2) and 0.6 % (group 8) of the tolerance, and the two
 groupings' steps differ by 8e3 times it."""
 import json
 import os
+import re
 import subprocess
 import sys
 
 import jax
+import jaxlib
 import keras
 import numpy as np
 import pytest
@@ -82,7 +85,7 @@ def test_virtual_replicas_are_the_step_on_as_many_devices():
       virtual = bench_gpu.virtual_replicas_step(one, cases.REPLICAS,
                                                 group_size)
       got, got_sums = virtual(one.state(), images, labels)
-      np.testing.assert_allclose(got_sums[0, 0], np.stack(
+      np.testing.assert_allclose(got_sums, np.stack(
           [want_sums[k] for k in ("loss", "top1", "top5", "examples")]),
                                  rtol=1e-6, err_msg=f"group {group_size}")
       changes[group_size] = _changes(want, start)
@@ -91,19 +94,70 @@ def test_virtual_replicas_are_the_step_on_as_many_devices():
   assert _worst(changes[2], changes[8]) > 1
 
 
+def _convolutions(hlo: str) -> list[str]:
+  """The convolution instructions of an HLO module's text."""
+  return [line for line in hlo.splitlines()
+          if re.search(r"= \S+ convolution\(", line)]
+
+
+def test_virtual_replicas_take_ordinary_convolutions():
+  """The grouped step's compiled HLO holds no feature-grouped convolution:
+  its kernel gradients are the ones one GPU of a real step runs, not the
+  batched form vmap gives a gradient taken per replica (jax-ml/jax#13800;
+  issue 60)."""
+  cfg = cases.step_config("float32", 2)
+  one = JaxTrainStep(
+      cases.build_network("float32", cfg),
+      build_optimizer("momentum", cases.LEARNING_RATE),
+      build_mesh(1, jax.devices()[:1]),
+      LossConfig(cfg.model.num_classes, cfg.run.global_batch_size,
+                 cfg.optim.label_smoothing, cfg.optim.weight_decay))
+  step = bench_gpu.virtual_replicas_step(one, cases.REPLICAS, 2)
+  hlo = step.lower(one.state(), *cases.batch()).compile().as_text()
+  convolutions = _convolutions(hlo)
+  # ResNet-18's 20 convolutions, forward and backward.
+  assert len(convolutions) > 40
+  grouped = [c for c in convolutions
+             if re.search(r"(feature|batch)_group_count=([2-9]|\d\d)", c)]
+  assert not grouped, f"{len(grouped)} grouped, e.g. {grouped[0][:300]}"
+
+
+def test_every_workload_runs_though_each_takes_all_it_may():
+  """With the default budget and workloads, each workload that runs to its
+  timeout (a hang) still leaves every later one its RESERVED_S."""
+  left = bench_gpu.FLAGS["budget_s"].default
+  workloads = bench_gpu.FLAGS["workloads"].default
+  assert workloads.index("ours_bn32") < len(workloads) - 1
+  for after in reversed(range(len(workloads))):
+    timeout_s = bench_gpu.worker_timeout_s(left, after)
+    assert timeout_s >= bench_gpu.RESERVED_S, workloads[-after - 1]
+    left -= timeout_s
+
+
+# lab.bench_gpu's parent as on the H200's image: no TensorFlow, so that
+# Keras cannot import without KERAS_BACKEND (the workers set it).
+WITHOUT_TENSORFLOW = (
+    "import runpy, sys; sys.path.insert(0, 'tests_jax'); "
+    "from without_tensorflow import WithoutTensorFlow; "
+    "sys.meta_path[:] = [WithoutTensorFlow(f) for f in sys.meta_path]; "
+    "runpy.run_module('lab.bench_gpu', run_name='__main__')")
+
+
 def test_a_tiny_run_reports_every_workload(tmp_path):
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  env.pop("KERAS_BACKEND")
   subprocess.run(
-      [sys.executable, "-m", "lab.bench_gpu", f"--output_dir={tmp_path}",
+      [sys.executable, "-c", WITHOUT_TENSORFLOW, f"--output_dir={tmp_path}",
        "--depth=18", "--image_size=32", "--batch_size=16",
-       "--num_classes=10", "--bn_images=4", "--steps=2", "--repeats=2",
+       "--num_classes=10", "--bn_images=4", "--steps=2",
        "--warmup_steps=1", "--budget_s=400",
        "--workloads=ours,stock_layers,ours_bn32,torch_eager"],
-      cwd=ROOT, check=True, timeout=600,
-      env=dict(os.environ, PYTHONPATH=ROOT))
+      cwd=ROOT, check=True, timeout=600, env=env)
   report = json.load(open(tmp_path / "gpu_bench.json"))
   workloads = report["workloads"]
   for name in ("ours", "stock_layers", "ours_bn32"):
     result = workloads[name]
+    assert len(result["window_s"]) == 5, name
     assert result["images_per_s"] > 0 and result["step_ms"] > 0, name
     low, high = result["images_per_s_range"]
     assert low <= result["images_per_s"] <= high
@@ -113,6 +167,12 @@ def test_a_tiny_run_reports_every_workload(tmp_path):
   torch = workloads["torch_eager"]
   assert "images_per_s" in torch or "No module named 'torch'" in torch[
       "skipped"]
+  versions = report["versions"]
+  assert versions["keras"] == keras.__version__
+  assert versions["jax"] == jax.__version__
+  assert versions["jaxlib"] == jaxlib.__version__
+  assert versions["device"] == jax.devices()[0].device_kind
+  assert set(versions) >= {"torch", "torchvision", "python"}
   assert set(report["ratios"]) >= {"ours_vs_stock_layers",
                                    "ours_bn32_vs_ours"}
   assert report["ratios"]["ours_vs_stock_layers"] == pytest.approx(
