@@ -217,6 +217,14 @@ HELP = {
                        "classifier too when --num_classes matches. The "
                        "optimizer, step and input start afresh; ignored "
                        "when --model_dir already holds a checkpoint.",
+    "jax_compilation_cache_dir": "--backend=jax: keep the compiled steps "
+                                 "here, so that a restarted run loads "
+                                 "them instead of compiling again (JAX's "
+                                 "persistent compilation cache). auto = "
+                                 "<model_dir>/jax_compilation_cache, or "
+                                 "~/.cache/resnet_tpu/jax_compilation_cache "
+                                 "(under $XDG_CACHE_HOME if set) for a "
+                                 "gs:// model_dir; '' = off.",
     "export_dir": "Write a serving SavedModel of the final checkpoint "
                   "here (python -m tools.export_savedmodel); empty = no "
                   "export.",

@@ -165,6 +165,7 @@ class RunConfig:
   allow_config_change: str = ""
   profile_steps: str = ""
   init_checkpoint: str = ""
+  jax_compilation_cache_dir: str = "auto"
 
   @property
   def profile_range(self) -> tuple[int, int] | None:

@@ -34,7 +34,8 @@ FREE_ON_RESUME = frozenset({
     "num_eval_images", "steps_per_loop", "eval_every_steps",
     "checkpoint_every_steps", "checkpoint_every_minutes", "max_loop_seconds",
     "keep_checkpoints", "export_dir", "skip_nonfinite_steps",
-    "allow_config_change", "profile_steps", "init_checkpoint"})
+    "allow_config_change", "profile_steps", "init_checkpoint",
+    "jax_compilation_cache_dir"})
 
 
 def allowed_changes(cfg: TrainConfig) -> list[str]:

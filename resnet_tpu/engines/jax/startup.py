@@ -8,13 +8,19 @@ own share of the data, and process 0 writes the files. Where TensorFlow is
 installed beside JAX, the TFRecord input is tf.data (host_batches.py) and
 TensorFlow sees no GPU; where it is not, a run trains on
 --use_synthetic_data (inputs/synthetic.py).
+
+A restart (a preemption, a crash, a resumed run) loads its compiled steps
+from JAX's persistent compilation cache (--jax_compilation_cache_dir)
+instead of compiling them again (issue 60).
 """
 from __future__ import annotations
 
+import os
 from typing import Callable, TYPE_CHECKING
 
 from absl import logging
 import jax
+from jax.experimental.compilation_cache import compilation_cache
 
 from resnet_tpu import config as config_lib
 from resnet_tpu import files
@@ -37,6 +43,7 @@ def start(cfg: TrainConfig, distribution: None = None
   the devices JAX found; returns cfg and the devices."""
   del distribution  # a TensorFlow strategy: not JAX's
   config_lib.validate(cfg)
+  use_compilation_cache(compilation_cache_dir(cfg))
   if cfg.distribution.strategy == "multi_worker":
     processes.start(cfg.distribution)
   devices = jax.devices()
@@ -46,6 +53,42 @@ def start(cfg: TrainConfig, distribution: None = None
   if files.tensorflow_installed():
     hide_gpus_from_tensorflow()
   return cfg, devices
+
+
+# --jax_compilation_cache_dir=auto's folder, in the model_dir or, for a
+# model_dir on another file system, in the user's cache folder.
+CACHE_FOLDER = "jax_compilation_cache"
+# Only what takes longer to compile is kept: the steps, the evaluation and
+# Keras's weight initialisers (a restart runs them again), not eager
+# arithmetic (milliseconds each).
+CACHE_MIN_COMPILE_S = 0.2
+
+
+def compilation_cache_dir(cfg: TrainConfig) -> str:
+  """--jax_compilation_cache_dir, auto resolved; '' = off."""
+  path = cfg.run.jax_compilation_cache_dir
+  if path != "auto":
+    return path
+  if not files.is_remote(cfg.model_dir):
+    return os.path.join(cfg.model_dir, CACHE_FOLDER)
+  user = os.environ.get("XDG_CACHE_HOME") or os.path.join(
+      os.path.expanduser("~"), ".cache")
+  return os.path.join(user, "resnet_tpu", CACHE_FOLDER)
+
+
+def use_compilation_cache(path: str) -> None:
+  """JAX's persistent compilation cache in `path` ('' = none), for every
+  entry size: CPU's entries are kept too."""
+  jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                    CACHE_MIN_COMPILE_S)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+  if path != (jax.config.jax_compilation_cache_dir or ""):
+    jax.config.update("jax_compilation_cache_dir", path or None)
+    # JAX opens its cache once a process: another run in this process
+    # (tests, a notebook) reopens it in its own folder.
+    compilation_cache.reset_cache()
+  if path:
+    logging.info("JAX compilation cache: %s", path)
 
 
 def check_devices(strategy: str, platform: str, process_count: int) -> None:
