@@ -3,7 +3,7 @@ the seconds its first training step compiles, cold and restarted.
 
   python -m lab.bench_compile_cache --output_dir=bench_results
 
-Each sample is two runs of main.py on JAX, --use_synthetic_data, on
+in a Python with JAX and Keras (the repository's .venv-jax). Each sample is two runs of main.py on JAX, --use_synthetic_data, on
 --replicas virtual CPU devices, in a fresh model_dir with
 --jax_compilation_cache_dir=auto (the cache in the model_dir): a cold run
 of 2 steps, then a restart that resumes it for 2 more
@@ -11,8 +11,8 @@ of 2 steps, then a restart that resumes it for 2 more
 run's JAX_LOG_COMPILES log: the seconds of the step's XLA compilation
 (jit(_replica_step); a cache hit is the seconds to load it), of every
 compilation together, and the process's wall seconds; the step's entries
-in the cache after the cold run. Median, min and max
-over --samples; the restarted/cold ratio of the medians.
+in the cache after the cold run. Median, min and max over --samples; the
+restarted/cold ratio of the medians.
 
 Writes compile_cache.json.
 """
