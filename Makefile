@@ -1,10 +1,19 @@
-# resnet-tpu: `make demo` and `make test` work on a fresh machine (they create
-# .venv from requirements.txt and requirements-dev.txt first).
+# resnet-tpu: `make demo` and `make test` work on a fresh machine with
+# Python 3.10, 3.11 or 3.12 as python3, and nothing else: they create .venv
+# first, one environment that holds both engines (requirements/cpu.txt,
+# test-tools.txt and test-jax.txt: the newest TensorFlow, Keras and JAX that
+# Python has, chosen by environment markers), every package pinned by
+# requirements/constraints/test-py<X.Y>.txt.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 DEMO_DATA := demo_data
 DEMO_RUN := runs/demo
+PYTHON_VERSION := $(shell $(PYTHON) -c \
+    'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+TEST_REQUIREMENTS := requirements/cpu.txt requirements/test-tools.txt \
+    requirements/test-jax.txt
+TEST_CONSTRAINTS := requirements/constraints/test-py$(PYTHON_VERSION).txt
 
 .PHONY: venv lint test test-tf test-jax free-space free-space-ci constraints \
 	bench-gpu bench-gpu-wheels fashion-mnist test-lab test-tpu-build \
@@ -14,12 +23,19 @@ DEMO_RUN := runs/demo
 	study-recipe-long study-recipe-revised study-recipe-crop \
 	study-confirm study-regime clean
 
-$(VENV)/.installed: requirements.txt requirements-dev.txt constraints.txt
-	$(PYTHON) -m venv $(VENV)
+$(VENV)/.installed: $(TEST_REQUIREMENTS) $(TEST_CONSTRAINTS)
+	$(PYTHON) -m venv --clear $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements.txt -r requirements-dev.txt \
-	    -c constraints.txt
+	$(PY) -m pip install --quiet $(addprefix -r ,$(TEST_REQUIREMENTS)) \
+	    -c $(TEST_CONSTRAINTS)
 	touch $@
+
+# A Python without pinned test sets stops here, before any install.
+requirements/constraints/test-py%.txt:
+	@echo "make: $(PYTHON) is Python $(or $*,unknown); make test and make" \
+	    "demo run on Python 3.10-3.13 (requirements/constraints/ pins" \
+	    "each): run make PYTHON=python3.12 test, or any of them." >&2
+	@exit 1
 
 venv: $(VENV)/.installed
 
@@ -28,10 +44,10 @@ venv: $(VENV)/.installed
 # TensorFlow, so their venv is small.
 LINT_VENV := .venv-lint
 
-$(LINT_VENV)/.installed: requirements-lint.txt
+$(LINT_VENV)/.installed: requirements/lint.txt
 	$(PYTHON) -m venv $(LINT_VENV)
 	$(LINT_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(LINT_VENV)/bin/python -m pip install --quiet -r requirements-lint.txt
+	$(LINT_VENV)/bin/python -m pip install --quiet -r requirements/lint.txt
 	touch $@
 
 lint: $(LINT_VENV)/.installed
@@ -51,7 +67,7 @@ test: free-space test-tf test-jax
 # 4 leaves room), and each virtual environment a run installs (measured).
 # CI's run installs two more (.ci/run).
 SCRATCH_GB ?= 4
-TEST_ENV_GB := .venv=2.4 .venv-jax=2.8
+TEST_ENV_GB := .venv=3.0
 CI_ENV_GB := $(TEST_ENV_GB) .venv-tpu=1.9 .venv-lint=0.1
 
 free-space:
@@ -63,46 +79,23 @@ free-space-ci:
 test-tf: venv
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15
 
-# The JAX engine's suite in its own process and environment (.venv-jax:
-# requirements-jax.txt, TensorFlow for JAX training's input and files), on
-# 8 virtual CPU devices
-# (tests_jax/conftest.py). Python 3.12 where found, the Python of the H200
-# image the GPU bench runs on (jax 0.11.2; on 3.11 jax stops at 0.10.2).
-# Its equivalence tests run their TensorFlow side in .venv (TF_PYTHON).
-JAX_PYTHON ?= $(firstword $(shell for p in python3.12 \
-    $$(pyenv root 2>/dev/null)/versions/3.12*/bin/python3.12; do \
-    "$$p" -c "" 2>/dev/null && echo "$$p" && break; done) $(PYTHON))
-JAX_VENV := .venv-jax
-JAX_PY := $(JAX_VENV)/bin/python
-
-$(JAX_VENV)/.installed: requirements-jax.txt constraints-jax.txt
-	$(JAX_PYTHON) -m venv $(JAX_VENV)
-	$(JAX_PY) -m pip install --quiet --upgrade pip
-	$(JAX_PY) -m pip install --quiet -r requirements-jax.txt \
-	    -c constraints-jax.txt
-	touch $@
-
-# constraints.txt and constraints-jax.txt: everything the two test
-# environments resolve, pinned (their comment lines kept). Rerun after a
-# requirements pin changes; it installs both afresh, without constraints.
-FRESH := /tmp/resnet-tpu-constraints
-
-constraints:
-	rm -rf $(FRESH) && $(PYTHON) -m venv $(FRESH)
-	$(FRESH)/bin/pip install --quiet -r requirements.txt -r requirements-dev.txt
-	{ grep '^#' constraints.txt; $(FRESH)/bin/pip freeze --exclude-editable \
-	    | sort -f; } > $(FRESH).txt && mv $(FRESH).txt constraints.txt
-	rm -rf $(FRESH) && $(JAX_PYTHON) -m venv $(FRESH)
-	$(FRESH)/bin/pip install --quiet -r requirements-jax.txt
-	{ grep '^#' constraints-jax.txt; $(FRESH)/bin/pip freeze \
-	    --exclude-editable | sort -f; } > $(FRESH).txt && \
-	    mv $(FRESH).txt constraints-jax.txt
-	rm -rf $(FRESH)
-
-test-jax: venv $(JAX_VENV)/.installed
-	$(JAX_PY) --version
-	TF_PYTHON=$(abspath $(PY)) $(JAX_PY) -m pytest -q -n $(TEST_WORKERS) \
+# The JAX engine's suite (tests_jax/) in its own pytest process, on 8
+# virtual CPU devices (tests_jax/conftest.py), in the same .venv: the JAX
+# test-jax.txt picks for this Python beside TensorFlow, which JAX training
+# takes its input and files from. The equivalence tests run their
+# TensorFlow side in a child process (TF_PYTHON).
+test-jax: venv
+	$(PY) -c "import jax, keras; print('JAX', jax.__version__, 'Keras', \
+	    keras.__version__)"
+	TF_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q -n $(TEST_WORKERS) \
 	    --dist loadfile --durations=10 tests_jax
+
+# requirements/constraints/test-py<X.Y>.txt: everything make test's .venv
+# resolves on Python X.Y, pinned, for each Python the set claims; pip's dry
+# run for that Python, so no second Python is needed. Rerun after a pin in
+# requirements/ changes.
+constraints: venv
+	$(PY) -m requirements.wheel_metadata --constraints
 
 # The lab's runs at their tiniest settings (tests/lab): benchmarks, studies,
 # the all-reduce model and the profilers. `make test` runs one smoke each.
@@ -111,8 +104,8 @@ test-lab: venv
 	    tests/lab
 
 # The suite's TPU-build half on the wheel TPU users install: exactly
-# requirements-tpu.txt (tensorflow-tpu 2.19.1, libtpu 0.0.10, Keras 3.12.4)
-# plus requirements-dev.txt, on Python 3.10 where CI finds it. libtpu is not
+# requirements/tpu-vm-tensorflow.txt (tensorflow-tpu 2.19.1, libtpu 0.0.10,
+# Keras 3.12.4) plus test-tools.txt, on Python 3.10 where CI finds it. libtpu is not
 # loaded and never asks a cloud metadata server (TPU_LOAD_LIBRARY=0,
 # TPU_SKIP_MDS_QUERY=1), and where this user may, the run has no network but
 # loopback (unshare -n). pip's cache keeps the wheels between runs.
@@ -131,11 +124,12 @@ TPU_ENV := TPU_LOAD_LIBRARY=0 TPU_SKIP_MDS_QUERY=1
 OFFLINE := $(shell unshare -n true 2>/dev/null && \
     echo "unshare -n sh -c 'ip link set lo up 2>/dev/null; exec \"\$$@\"' --")
 
-$(TPU_VENV)/.installed: requirements-tpu.txt requirements-dev.txt
+$(TPU_VENV)/.installed: requirements/tpu-vm-tensorflow.txt \
+    requirements/test-tools.txt
 	$(TPU_PYTHON) -m venv $(TPU_VENV)
 	$(TPU_PY) -m pip install --quiet --upgrade pip
-	$(TPU_PY) -m pip install --quiet -r requirements-tpu.txt \
-	    -r requirements-dev.txt
+	$(TPU_PY) -m pip install --quiet -r requirements/tpu-vm-tensorflow.txt \
+	    -r requirements/test-tools.txt
 	touch $@
 
 test-tpu-build: $(TPU_VENV)/.installed
@@ -143,10 +137,10 @@ test-tpu-build: $(TPU_VENV)/.installed
 	env $(TPU_ENV) $(OFFLINE) $(TPU_PY) -m pytest -q -n $(TEST_WORKERS) \
 	    --dist loadfile --durations=10 $(TPU_BUILD_TESTS)
 
-# pip resolves every requirements*.txt for the lowest and highest Python it
-# claims. Installs nothing, but downloads each TensorFlow wheel (a few GB in
-# all), so CI runs tests/test_requirements.py against the recorded metadata
-# instead.
+# pip resolves every install set (requirements/wheel_metadata.py
+# INSTALL_SETS: what a CPU, TPU VM or GPU host installs for each engine, and
+# the test environments) for the Pythons it is for, as a dry run: it
+# installs nothing and downloads metadata only (about 5 minutes). CI runs it.
 check-requirements: venv
 	$(PY) -m requirements.wheel_metadata --resolve
 
@@ -178,24 +172,24 @@ demo: venv
 	    --saved_model_eval=$(DEMO_RUN)/saved_model_eval.json \
 	    --start_time=$(DEMO_START)
 
-# The same demo on the JAX engine (README "Running on JAX"), in .venv-jax:
+# The same demo on the JAX engine (docs/jax.md), in the same .venv:
 # it trains, checkpoints, evaluates and exports on 4 virtual CPU devices;
 # the SavedModel is scored by TensorFlow, as make demo's.
 DEMO_JAX_RUN := runs/demo-jax
 
 demo-jax: DEMO_START := $(shell date +%s)
-demo-jax: $(JAX_VENV)/.installed
+demo-jax: venv
 	rm -rf $(DEMO_JAX_RUN)
-	$(call demo_data,$(JAX_PY))
-	$(JAX_PY) main.py --backend=jax --flagfile=flags/cpu_demo.cfg \
+	$(call demo_data,$(PY))
+	$(PY) main.py --backend=jax --flagfile=flags/cpu_demo.cfg \
 	    --data_dir=$(DEMO_DATA)/tfrecords --model_dir=$(DEMO_JAX_RUN) \
 	    --export_dir=$(DEMO_JAX_RUN)/export
-	KERAS_BACKEND=tensorflow $(JAX_PY) -m tools.evaluate \
+	KERAS_BACKEND=tensorflow $(PY) -m tools.evaluate \
 	    --saved_model=$(DEMO_JAX_RUN)/export \
 	    --data_dir=$(DEMO_DATA)/tfrecords > $(DEMO_JAX_RUN)/saved_model_eval.json
-	KERAS_BACKEND=tensorflow $(JAX_PY) -m tools.plot_metrics \
+	KERAS_BACKEND=tensorflow $(PY) -m tools.plot_metrics \
 	    --model_dir=$(DEMO_JAX_RUN)
-	@$(JAX_PY) -m tools.demo_summary --model_dir=$(DEMO_JAX_RUN) \
+	@$(PY) -m tools.demo_summary --model_dir=$(DEMO_JAX_RUN) \
 	    --saved_model_eval=$(DEMO_JAX_RUN)/saved_model_eval.json \
 	    --start_time=$(DEMO_START)
 
@@ -247,11 +241,11 @@ bench-gpu:
 
 # The wheels that bench carries to a machine with JAX and no Keras (the
 # lent H200: Python 3.12), into .whl/; its docstring has the command there.
-bench-gpu-wheels: requirements-bench-gpu.txt
+bench-gpu-wheels: requirements/bench-gpu.txt
 	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: \
 	    --python-version 3.12 --implementation cp \
 	    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-	    --platform manylinux2014_x86_64 -d .whl -r requirements-bench-gpu.txt
+	    --platform manylinux2014_x86_64 -d .whl -r requirements/bench-gpu.txt
 	ls -l .whl
 
 # Distributed BN's group all-reduce, subgroup collective vs the masked

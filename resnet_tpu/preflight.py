@@ -76,7 +76,7 @@ def check_model_dir(cfg: TrainConfig) -> None:
     raise ConfigError(
         f"--model_dir={cfg.model_dir!r} holds TensorFlow checkpoints "
         f"({tf_latest}), which need TensorFlow, not installed here: resume "
-        "where it is (pip install -r requirements-jax.txt beside JAX), or "
+        "where it is (pip install tensorflow-cpu==2.21.0 beside JAX), or "
         "use a new --model_dir.")
   path = os.path.join(cfg.model_dir, CONFIG_FILE)
   if not (checkpoint_paths.latest(cfg.model_dir) and files.exists(path)):

@@ -58,7 +58,7 @@ def test_tiny_check_on_2_cpu_replicas_passes_every_row(tmp_path):
 
 
 @pytest.mark.parametrize("strategy,fix", [
-    ("tpu", "requirements-tpu.txt"), ("gpu", "requirements-gpu.txt")])
+    ("tpu", "requirements/tpu-vm-tensorflow.txt"), ("gpu", "requirements/gpu-tensorflow.txt")])
 def test_a_missing_accelerator_stops_within_seconds_naming_the_fix(
     tmp_path, strategy, fix):
   start = time.time()

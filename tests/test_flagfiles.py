@@ -162,7 +162,7 @@ def test_tpu_flagfiles_follow_the_route_tensorflow_documents(path):
     return
   assert cfg.distribution.tpu == "", (
       f"{path}: a pod slice is named on the command line")
-  for said in ("worker 0 only", "--tpu=$TPU_NAME", "requirements-tpu-pod.txt",
+  for said in ("worker 0 only", "--tpu=$TPU_NAME", "requirements/tpu-pod.txt",
                "tpu-vm-tf-*-pod"):
     assert said in header, f"{path} does not say {said!r}"
   with open(TPU_DOC) as f:

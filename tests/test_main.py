@@ -57,7 +57,7 @@ def test_gpu_run_without_a_gpu_names_the_gpu_requirements(tmp_path):
   result = _main("--strategy=gpu", "--use_synthetic_data", "--train_steps=1",
                  f"--model_dir={tmp_path}")
   assert result.returncode == 1
-  assert "requirements-gpu.txt" in result.stderr
+  assert "requirements/gpu-tensorflow.txt" in result.stderr
   assert "Traceback" not in result.stderr
 
 

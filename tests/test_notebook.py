@@ -35,7 +35,7 @@ def test_notebook_trains_exports_evaluates_and_classifies_on_cpu(
   assert (tmp_path / "model" / "export" / "saved_model.pb").exists()
   outputs = "".join(o.get("text", "") for cell in notebook.cells
                     if cell.cell_type == "code" for o in cell.outputs)
-  assert "Requirements: nothing to install (requirements.txt)." in outputs
+  assert "Requirements: nothing to install (requirements/cpu.txt)." in outputs
   assert "No TPU: training on CPU replicas" in outputs
 
 
@@ -75,4 +75,4 @@ def test_the_tpu_install_cell_checks_the_python_before_installing(
     assert "Python 3.12" in done.stderr and "Installing" not in done.stdout
   else:
     assert done.returncode == 0, done.stderr
-    assert "nothing to install (requirements-tpu.txt)" in done.stdout
+    assert "nothing to install (requirements/tpu-vm-tensorflow.txt)" in done.stdout

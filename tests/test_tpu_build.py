@@ -1,4 +1,4 @@
-"""The TPU build (tensorflow-tpu 2.19.1, requirements-tpu.txt) against the
+"""The TPU build (tensorflow-tpu 2.19.1, requirements/tpu-vm-tensorflow.txt) against the
 stock build: each told apart, each refused or accepted as it must be, and
 the TPU-only paths traced with the build's own ops.
 
@@ -78,7 +78,7 @@ def test_tpu_local_without_a_tpu_stops_within_a_minute_saying_why(
         done.stderr)
   else:
     assert "no TPU support" in done.stderr
-    assert "pip install -r requirements-tpu.txt" in done.stderr
+    assert "pip install -r requirements/tpu-vm-tensorflow.txt" in done.stderr
 
 
 def test_a_tpu_named_for_the_cloud_tpu_api_needs_its_client_packages():
@@ -88,8 +88,8 @@ def test_a_tpu_named_for_the_cloud_tpu_api_needs_its_client_packages():
   strategy_lib.require_cloud_tpu_api("grpc://10.0.0.2:8470")
   missing = [m for m in strategy_lib.CLOUD_TPU_API_MODULES
              if importlib.util.find_spec(m) is None]
-  assert missing  # neither test build installs requirements-tpu-pod.txt
-  with pytest.raises(ConfigError, match="requirements-tpu-pod.txt"):
+  assert missing  # neither test build installs requirements/tpu-pod.txt
+  with pytest.raises(ConfigError, match="requirements/tpu-pod.txt"):
     strategy_lib.require_cloud_tpu_api("my-v3-32")
 
 

@@ -1,8 +1,8 @@
 """The JAX engine's test session: 8 virtual CPU devices and Keras on JAX,
 set before JAX or Keras loads (make test-jax runs this suite in its own
-process and environment, .venv-jax; the engine's own code imports no
-TensorFlow (test_imports.py), JAX training takes tf.data and TensorFlow's
-files from it (test_training.py)).
+process, in the .venv that holds both engines; the engine's own code
+imports no TensorFlow (test_imports.py), JAX training takes tf.data and
+TensorFlow's files from it (test_training.py)).
 
 `tf_reference` runs the TensorFlow side of the equivalence tests once, in
 the TensorFlow environment: $TF_PYTHON, else the repository's .venv.

@@ -1,6 +1,6 @@
 """Under KERAS_BACKEND=jax the engine-neutral packages and the GPU bench
 import no TensorFlow and none of the project's TensorFlow modules (issue
-48), and work where TensorFlow is not installed, as on the H200: .venv-jax
+48), and work where TensorFlow is not installed, as on the H200: .venv
 has TensorFlow for JAX training's input and files (issue 49), so the probe
 blocks its import."""
 import os

@@ -68,8 +68,9 @@ def _check_without_tensorflow(cfg: TrainConfig) -> None:
   """A JAX run where TensorFlow is not installed trains on the synthetic
   input and writes a local model_dir (files.py); the TFRecords, the
   SavedModel and a fine-tuning source are TensorFlow's formats."""
-  install = ("TensorFlow, which is not installed here: pip install -r "
-             "requirements-jax.txt beside JAX")
+  install = ("TensorFlow, which is not installed here: pip install "
+             "tensorflow-cpu==2.21.0 beside JAX (requirements/gpu-jax.txt "
+             "and tpu-vm-jax.txt have it)")
   require(cfg.input.use_synthetic_data,
          f"--data_dir={cfg.input.data_dir!r}: reading TFRecords needs "
          f"{install}, or train on --use_synthetic_data.")
@@ -83,4 +84,4 @@ def _check_without_tensorflow(cfg: TrainConfig) -> None:
   require(not files.is_remote(cfg.model_dir),
          f"--model_dir={cfg.model_dir!r}: without TensorFlow's file "
          "systems a JAX run writes local paths only; use a local folder, or "
-         "install TensorFlow beside JAX (pip install -r requirements-jax.txt).")
+         "install TensorFlow beside JAX (pip install tensorflow-cpu==2.21.0).")

@@ -57,7 +57,7 @@ def require_cloud_tpu_api(tpu: str) -> None:
     raise ConfigError(
         f"--tpu={tpu}: a TPU named by the Cloud TPU API (a multi-host pod "
         f"slice, run on worker 0) needs {' and '.join(missing)}: pip install "
-        "-r requirements-tpu-pod.txt. On a single-host TPU VM pass "
+        "-r requirements/tpu-pod.txt. On a single-host TPU VM pass "
         "--tpu=local.")
 
 

@@ -29,9 +29,9 @@ TENSORFLOW_DISTRIBUTIONS = ("tensorflow-tpu", "tf-nightly-tpu",
 TPU_SYSTEM_OP = "_ConfigureDistributedTPU"
 TPU_SYSTEM_DEVICE = "TPU_SYSTEM"
 TPU_REPAIR = ("pip uninstall -y tensorflow tensorflow-cpu tensorflow-tpu "
-              "libtpu && pip install -r requirements-tpu.txt")
+              "libtpu && pip install -r requirements/tpu-vm-tensorflow.txt")
 GPU_REPAIR = ("pip uninstall -y tensorflow tensorflow-cpu tensorflow-tpu && "
-              "pip install -r requirements-gpu.txt")
+              "pip install -r requirements/gpu-tensorflow.txt")
 
 
 def _version(distribution: str) -> str | None:
@@ -61,7 +61,7 @@ def require_tpu_support() -> None:
       "--tpu/--strategy=tpu: the installed TensorFlow "
       f"({installed_tensorflow()}) has no TPU support (no {TPU_SYSTEM_OP} "
       f"kernel on {TPU_SYSTEM_DEVICE}). On a TPU VM install "
-      f"requirements-tpu.txt alone: {TPU_REPAIR}")
+      f"requirements/tpu-vm-tensorflow.txt alone: {TPU_REPAIR}")
 
 
 def require_gpu() -> None:
@@ -69,12 +69,14 @@ def require_gpu() -> None:
   if not tf.test.is_built_with_cuda():
     raise ConfigError(
         f"--strategy=gpu: the installed TensorFlow ({installed_tensorflow()}) "
-        f"is not a CUDA build. Install requirements-gpu.txt: {GPU_REPAIR}")
+        "is not a CUDA build. Install requirements/gpu-tensorflow.txt: "
+        f"{GPU_REPAIR}")
   if not tf.config.list_physical_devices("GPU"):
     raise ConfigError(
         f"--strategy=gpu: TensorFlow ({installed_tensorflow()}) sees no GPU. "
         "Check `nvidia-smi` and CUDA_VISIBLE_DEVICES, and that the CUDA "
-        f"libraries of requirements-gpu.txt are installed: {GPU_REPAIR}")
+        "libraries of requirements/gpu-tensorflow.txt are installed: "
+        f"{GPU_REPAIR}")
 
 
 def require_accelerator(kind: str) -> None:

@@ -131,7 +131,7 @@ def apply(flag: str, kind: str,
              or libtpu_path())
   if library is None:
     raise ConfigError(f"{said} needs libtpu, which is not installed: "
-                      "pip install -r requirements-tpu.txt")
+                      "pip install -r requirements/tpu-vm-tensorflow.txt")
   values = pjrt_variables(library)
   kept = [k for k in values if k in environ and environ[k] != values[k]]
   for name, value in values.items():
