@@ -16,7 +16,8 @@ TEST_REQUIREMENTS := requirements/cpu.txt requirements/test-tools.txt \
 TEST_CONSTRAINTS := requirements/constraints/test-py$(PYTHON_VERSION).txt
 
 .PHONY: venv lint test test-tf test-jax free-space free-space-ci constraints \
-	bench-gpu bench-gpu-wheels fashion-mnist test-lab test-tpu-build \
+	bench-gpu bench-gpu-wheels bench-compile-cache fashion-mnist test-lab \
+	test-tpu-build \
 	check-requirements demo demo-jax bench bench-eval-stall \
 	bench-collectives bench-cpu-kernels profile-ops accelerator-check \
 	study study-ladder study-recipe-choice study-recipe \
@@ -228,6 +229,12 @@ bench-eval-stall: venv fashion-mnist
 	$(PY) -m lab.bench_eval --output_dir=$(BENCH_DIR) \
 	    --variants=long_lived,per_evaluation
 	$(PY) -m lab.bench_report --output_dir=$(BENCH_DIR)
+
+# What JAX's persistent compilation cache saves a restarted run: the first
+# step's compile seconds, cold and restarted (lab/bench_compile_cache.py,
+# about 4 minutes; writes compile_cache.json).
+bench-compile-cache: venv
+	$(PY) -m lab.bench_compile_cache --output_dir=$(BENCH_DIR)
 
 # ResNet-50 training steps on one GPU, the project's JAX step beside stock
 # Keras and torchvision (lab/bench_gpu.py), in a Python with JAX and Keras

@@ -1,9 +1,10 @@
 """What JAX's persistent compilation cache saves a restarted run (issue 60):
 the seconds its first training step compiles, cold and restarted.
 
-  python -m lab.bench_compile_cache --output_dir=bench_results
+  make bench-compile-cache  (.venv/bin/python -m lab.bench_compile_cache
+                             --output_dir=bench_results)
 
-in a Python with JAX and Keras (the repository's .venv-jax). Each sample is two runs of main.py on JAX, --use_synthetic_data, on
+Each sample is two runs of main.py on JAX, --use_synthetic_data, on
 --replicas virtual CPU devices, in a fresh model_dir with
 --jax_compilation_cache_dir=auto (the cache in the model_dir): a cold run
 of 2 steps, then a restart that resumes it for 2 more
