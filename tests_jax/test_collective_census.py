@@ -44,7 +44,15 @@ COLLECTIVE = re.compile(
 ASYNC_STARTS = {"all-reduce-start": "all-reduce",
                 "all-gather-start": "all-gather",
                 "collective-permute-start": "collective-permute"}
-GROUPS = re.compile(r"replica_groups=mesh\[([^\]]*)\] \{([^}]*)\}")
+# XLA prints a collective's device groups three ways, by version: over a
+# named mesh (jax 0.11: replica_groups=mesh['groups'=4,'in_group'=2]
+# {'in_group'}), as an iota (replica_groups=[4,2]<=[8], with an optional
+# transpose T(1,0) of the reshaped iota), or listed (jax 0.10 and 0.6:
+# replica_groups={{0,1},{2,3},...}).
+MESH_GROUPS = re.compile(r"replica_groups=mesh\[([^\]]*)\] \{([^}]*)\}")
+IOTA_GROUPS = re.compile(
+    r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
+LISTED_GROUPS = re.compile(r"replica_groups=\{((?:\{[\d,]*\},?)*)\}")
 # Pinned: group size -> (BN all-reduce ops, their operands). Groups of 1
 # need no BN sum. XLA merges 6 pairs of independent group sums (the
 # projection BN of stages 2-4 with the block's first BN, forward and back).
@@ -64,33 +72,68 @@ def census(group_size: int) -> list[tuple[str, int, str, tuple[str, ...]]]:
       step.state(), *step.shard_batch(images, labels)).compile().as_text())
 
 
-def collectives(hlo: str) -> list[tuple[str, int, str, tuple[str, ...]]]:
-  """(kind, operands, mesh shape, reduced axes) of every collective of
-  `hlo`. An asynchronous pair (GPU's and TPU's all-reduce-start ... -done)
-  is one all-reduce, counted at its start, which holds the operands."""
-  found = []
-  for kind, rest in COLLECTIVE.findall(hlo):
-    operands = rest.split(")", 1)[0].count("%")
-    groups = GROUPS.search(rest)
-    mesh, axes = groups.groups() if groups else ("", "")
-    found.append((ASYNC_STARTS.get(kind, kind), operands, mesh,
-                  tuple(a.strip(" '") for a in axes.split(","))))
-  return found
+def device_groups(text: str) -> tuple[tuple[int, ...], ...]:
+  """The device groups that one collective's `replica_groups=` names, in
+  any of XLA's three forms; () where it names none."""
+  mesh = MESH_GROUPS.search(text)
+  if mesh:
+    axes = [a.split("=") for a in mesh.group(1).split(",")]
+    names = [name.strip(" '") for name, _ in axes]
+    devices = np.arange(np.prod([int(n) for _, n in axes])).reshape(
+        [int(n) for _, n in axes])
+    reduced = [names.index(a.strip(" '")) for a in mesh.group(2).split(",")]
+    kept = [i for i in range(len(names)) if i not in reduced]
+    rows = devices.transpose(kept + reduced).reshape(-1, np.prod(
+        [devices.shape[i] for i in reduced]))
+    return tuple(tuple(int(d) for d in row) for row in rows)
+  iota = IOTA_GROUPS.search(text)
+  if iota:
+    shape, reshape, transpose = (
+        [int(n) for n in g.split(",")] if g else None for g in iota.groups())
+    devices = np.arange(np.prod(reshape)).reshape(reshape)
+    if transpose:
+      devices = devices.transpose(transpose)
+    return tuple(tuple(int(d) for d in row)
+                 for row in devices.reshape(shape))
+  listed = LISTED_GROUPS.search(text)
+  if listed:
+    return tuple(tuple(int(d) for d in group.split(",") if d)
+                 for group in re.findall(r"\{([\d,]*)\}", listed.group(1)))
+  return ()
+
+
+def collectives(hlo: str) -> list[tuple[str, int, tuple]]:
+  """(kind, operands, device groups) of every collective of `hlo`. An
+  asynchronous pair (GPU's and TPU's all-reduce-start ... -done) is one
+  all-reduce, counted at its start, which holds the operands."""
+  return [(ASYNC_STARTS.get(kind, kind),
+           rest.split(")", 1)[0].count("%"), device_groups(rest))
+          for kind, rest in COLLECTIVE.findall(hlo)]
+
+
+def mesh_groups(group_size: int, over: str) -> tuple[tuple[int, ...], ...]:
+  """Device groups of a sum over `over` ("all" or IN_GROUP_AXIS) on
+  build_mesh(group_size)'s mesh: its devices in order, in-group fastest."""
+  devices = np.arange(DEVICES).reshape(DEVICES // group_size, group_size)
+  rows = devices.reshape(1, -1) if over == "all" else devices
+  return tuple(tuple(int(d) for d in row) for row in rows)
 
 
 @pytest.mark.parametrize("group_size", [1, 2, 4, 8])
 def test_the_step_communicates_only_through_its_all_reduces(group_size):
   found = census(group_size)
   assert {kind for kind, *_ in found} <= {"all-reduce"}, found
-  mesh = f"'{GROUPS_AXIS}'={DEVICES // group_size},'{IN_GROUP_AXIS}'={group_size}"
-  assert {m for _, _, m, _ in found} == {mesh}
-  everyone = [f for f in found if set(f[3]) == {GROUPS_AXIS, IN_GROUP_AXIS}]
-  in_group = [f for f in found if f[3] == (IN_GROUP_AXIS,)]
-  assert len(everyone) + len(in_group) == len(found), found
   # One gradient all-reduce: every gradient, 2 moving statistics per BN
   # layer, the metric sums.
-  assert [operands for _, operands, _, _ in everyone] == [
-      TRAINABLE - SHARED_GRADIENTS + 2 * BN_LAYERS + 1]
+  gradient_sum = TRAINABLE - SHARED_GRADIENTS + 2 * BN_LAYERS + 1
+  everyone = [f for f in found if f[2] == mesh_groups(group_size, "all")]
+  in_group = [f for f in found
+              if f[2] == mesh_groups(group_size, IN_GROUP_AXIS)]
+  if group_size == DEVICES:  # a BN group is everyone: told apart by size
+    in_group = [f for f in everyone if f[1] != gradient_sum]
+    everyone = [f for f in everyone if f[1] == gradient_sum]
+  assert len(everyone) + len(in_group) == len(found), found
+  assert [operands for _, operands, _ in everyone] == [gradient_sum]
   assert (len(in_group), sum(f[1] for f in in_group)) == (
       BN_ALL_REDUCES[group_size])
   # Per BN layer a forward and a backward group sum, whatever XLA merged.
@@ -117,5 +160,23 @@ def test_an_asynchronous_all_reduce_counts_once_with_its_operands():
   done = ("  %all-reduce-done.3 = (f32[8]{0}, f32[]) "
           "all-reduce-done(%all-reduce-start.3)")
   assert collectives(start + "\n" + done) == collectives(sync) == [
-      ("all-reduce", 2, f"'{GROUPS_AXIS}'=4,'{IN_GROUP_AXIS}'=2",
-       (IN_GROUP_AXIS,))]
+      ("all-reduce", 2, ((0, 1), (2, 3), (4, 5), (6, 7)))]
+
+
+@pytest.mark.parametrize("printed", [
+    f"replica_groups=mesh['{GROUPS_AXIS}'=4,'{IN_GROUP_AXIS}'=2] "
+    f"{{'{IN_GROUP_AXIS}'}}",
+    "replica_groups=[4,2]<=[8]",
+    "replica_groups={{0,1},{2,3},{4,5},{6,7}}"])
+def test_every_form_of_replica_groups_reads_as_the_same_devices(printed):
+  """jax 0.11 prints the mesh form, jax 0.10 and 0.6 list the groups: the
+  census reads both, so make test passes on each Python's JAX."""
+  assert device_groups(printed + ", to_apply=%add") == mesh_groups(
+      2, IN_GROUP_AXIS)
+  everyone = {"replica_groups=[1,8]<=[8]",
+              "replica_groups={{0,1,2,3,4,5,6,7}}",
+              f"replica_groups=mesh['{GROUPS_AXIS}'=4,'{IN_GROUP_AXIS}'=2] "
+              f"{{'{GROUPS_AXIS}','{IN_GROUP_AXIS}'}}"}
+  assert {device_groups(e) for e in everyone} == {mesh_groups(2, "all")}
+  assert device_groups("replica_groups=[2,4]<=[4,2]T(1,0)") == (
+      (0, 2, 4, 6), (1, 3, 5, 7))
