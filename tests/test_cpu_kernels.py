@@ -28,8 +28,8 @@ def _python(code: str, *args: str, **env: str) -> str:
 
 
 # The modules that import JAX (.importlinter's jax_engine and
-# jax_takes_tf_files contracts): this environment has no JAX; tests_jax
-# imports them.
+# jax_takes_tf_files contracts), left out: this process runs Keras on
+# TensorFlow; tests_jax imports them on JAX.
 JAX_ENGINE = ("resnet_tpu.model.batch_norm_jax",
               "resnet_tpu.optim.optimizers_jax",
               "resnet_tpu.parallel.bn_all_reduce_jax",

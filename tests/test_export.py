@@ -125,8 +125,9 @@ def run_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def served(run_dir):
   """Export by the CLI, then the outputs of a fresh TF-only process. The
-  CLI runs from a JAX user's shell (KERAS_BACKEND=jax, and no JAX here):
-  the tool chooses TensorFlow's engine itself (tools/__init__.py)."""
+  CLI runs from a JAX user's shell (KERAS_BACKEND=jax, JAX installed
+  beside TensorFlow): the tool chooses TensorFlow's engine itself
+  (tools/__init__.py)."""
   root, cfg, reference = run_dir
   export_dir = str(root / "export")
   run_python("-m", "tools.export_savedmodel", f"--model_dir={cfg.model_dir}",
