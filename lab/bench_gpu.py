@@ -1,11 +1,18 @@
 """ResNet-50 training steps on one GPU, side by side (issue 48): the project's
-network and JAX step against stock Keras and torchvision.
+network and JAX step against stock Keras and torchvision; then main.py's
+own training loop around that step (issue 60).
 
 In one run, each workload in a process of its own (so that each has the
 device's memory, and its peak, to itself), in this order (the least
 comparable last, where a spent budget would cut it):
   ours          the project's ResNet-50 v1.5 and JAX step
                 (engines/jax/step.py; one device, BN over the whole batch);
+  loop          main.py --backend=jax --use_synthetic_data, same network,
+                batch and loss, on JAX's default devices (the lent H200's
+                one GPU): --loop_host_loops host loops of
+                --loop_steps_per_loop steps, then one checkpoint
+                (lab/bench_gpu_loop.py); second, where the budget leaves it
+                the most time;
   ours_bn32     the project's loss over --batch_size / --bn_images virtual
                 replicas (jax.vmap over the mesh's axes), so that BN
                 normalises over --bn_images images, as on that many GPUs;
@@ -19,7 +26,9 @@ comparable last, where a spent budget would cut it):
   keras_app     keras.applications.ResNet50 (v1) and the same plain step.
 The Keras steps share the loss (label smoothing 0.1, L2 1e-4 on kernels)
 and momentum SGD; torch's is the same, weight decay in the optimizer. Input
-is synthetic and already on the device. bf16 compute, float32 weights.
+is synthetic and already on the device (`loop`'s: main.py's synthetic host
+batch, handed to the device each step as real input is). bf16 compute,
+float32 weights.
 
 Reported per workload: images/s and step ms (median over --repeats windows
 of --steps steps, with min and max), compile seconds, FLOPs per step (XLA's
@@ -27,6 +36,12 @@ cost analysis of the compiled Keras step; torch takes stock_layers', the
 same v1.5 network), MFU against --peak_tflops (989.4: NVIDIA's H100/H200
 SXM dense bf16 figure) and peak device memory. BN groups on one GPU show
 only their arithmetic: with one device there is no all-reduce to pay.
+For `loop`: the host loops' images/s after the first (median, min, max)
+and against `ours` (ratios.loop_vs_ours: what the input hand-off and the
+loop cost), the first loop's seconds (start-up compiles), the compiles
+JAX_LOG_COMPILES logs through the first host loop and after it (0 in a
+steady run; their names if not), and the checkpoint's name (.npz where
+TensorFlow is absent) and seconds; main.py's log in gpu_bench_loop.log.
 
 On the lent H200 (no TensorFlow there; Keras, namex and optree carried as
 Python 3.12 wheels, `make bench-gpu-wheels`):
@@ -36,7 +51,8 @@ Python 3.12 wheels, `make bench-gpu-wheels`):
 Elsewhere: `python -m lab.bench_gpu --output_dir=DIR` with
 KERAS_BACKEND=jax, or `make bench-gpu` (BENCH_PYTHON: a Python with JAX and
 Keras).
-Each workload may take what is left of --budget_s less
+The whole run takes at most --budget_s (410 s; the lent call's 420 s less
+the wheels' install). Each workload may take what is left of --budget_s less
 RESERVED_S for every workload after it (and at most WORKLOAD_TIMEOUT_S), so
 one that hangs cannot cut the rest. Versions are read from the installed
 distributions (no import: the parent holds no device) and the device from
@@ -55,9 +71,11 @@ import time
 from absl import app
 from absl import flags
 
+from lab import bench_gpu_loop
+
 FLAGS = flags.FLAGS
 flags.DEFINE_string("output_dir", "bench_results", "Where gpu_bench.json goes.")
-flags.DEFINE_list("workloads", ["ours", "ours_bn32", "stock_layers",
+flags.DEFINE_list("workloads", ["ours", "loop", "ours_bn32", "stock_layers",
                                 "torch_eager", "torch_compile", "keras_app"],
                   "Workloads to run, in this order.")
 flags.DEFINE_string("worker", "", "Internal: run one workload, print JSON.")
@@ -71,7 +89,11 @@ flags.DEFINE_integer("steps", 20, "Steps per timed window.")
 flags.DEFINE_integer("repeats", 5, "Timed windows per workload.")
 flags.DEFINE_float("peak_tflops", 989.4,
                    "Dense bf16 peak of the device, TFLOP/s (MFU's divisor).")
-flags.DEFINE_float("budget_s", 390.0, "Wall-clock budget of the whole run.")
+flags.DEFINE_integer("loop_steps_per_loop", 20,
+                     "The loop workload's --steps_per_loop.")
+flags.DEFINE_integer("loop_host_loops", 6,
+                     "The loop workload's host loops (the first compiles).")
+flags.DEFINE_float("budget_s", 410.0, "Wall-clock budget of the whole run.")
 
 WORKLOAD_TIMEOUT_S = 240
 # Held back for each workload still to run: a guess (no GPU has run this
@@ -370,6 +392,7 @@ def ratios(results: dict) -> dict:
   pairs = {"ours_vs_stock_layers": ("ours", "stock_layers"),
            "ours_vs_keras_app": ("ours", "keras_app"),
            "ours_bn32_vs_ours": ("ours_bn32", "ours"),
+           "loop_vs_ours": ("loop", "ours"),
            "ours_vs_torch_compile": ("ours", "torch_compile"),
            "ours_vs_torch_eager": ("ours", "torch_eager")}
   out = {}
@@ -415,7 +438,15 @@ def drive() -> dict:
     if timeout_s < 30:
       results[workload] = {"skipped": "time budget spent"}
       continue
-    results[workload] = run_worker(workload, timeout_s)
+    if workload == "loop":
+      results[workload] = bench_gpu_loop.run(
+          timeout_s, os.path.join(FLAGS.output_dir, "gpu_bench_loop.log"),
+          depth=FLAGS.depth, batch_size=FLAGS.batch_size,
+          image_size=FLAGS.image_size, num_classes=FLAGS.num_classes,
+          steps_per_loop=FLAGS.loop_steps_per_loop,
+          host_loops=FLAGS.loop_host_loops)
+    else:
+      results[workload] = run_worker(workload, timeout_s)
     print(workload, json.dumps(results[workload])[:300], flush=True)
   flops_v15 = (results.get("stock_layers", {}).get("flops_per_step") or
                results.get("ours", {}).get("flops_per_step"))
@@ -429,7 +460,8 @@ def drive() -> dict:
               "(lab/bench_gpu.py; issue 48)",
       "config": {name: getattr(FLAGS, name) for name in (
           "depth", "batch_size", "image_size", "num_classes", "bn_images",
-          "warmup_steps", "steps", "repeats", "peak_tflops")},
+          "warmup_steps", "steps", "repeats", "peak_tflops",
+          "loop_steps_per_loop", "loop_host_loops")},
       "versions": _versions(results),
       "workloads": results,
       "ratios": ratios(results),
@@ -445,8 +477,8 @@ def main(argv):
     run = run_torch if FLAGS.worker.startswith("torch") else run_keras
     print(json.dumps(run(FLAGS.worker)), flush=True)
     return
-  report = drive()
   os.makedirs(FLAGS.output_dir, exist_ok=True)
+  report = drive()
   path = os.path.join(FLAGS.output_dir, "gpu_bench.json")
   with open(path, "w") as f:
     json.dump(report, f, indent=1)

@@ -1,6 +1,7 @@
 """The GPU bench (lab/bench_gpu.py) on JAX CPU devices: its virtual
 replicas are the step on real ones and run ordinary convolutions, its
-budget leaves every workload its time, and a tiny run writes its report.
+budget leaves every workload its time, its main.py run is read as it is
+logged, and a tiny run without TensorFlow writes its report.
 
 The step is compared in float64, as test_engines.py compares the engines.
 In float32, BN over few values per channel magnifies rounding: in this
@@ -26,6 +27,7 @@ import pytest
 
 import engine_cases as cases
 from lab import bench_gpu
+from lab import bench_gpu_loop
 from resnet_tpu.optim.optimizers import build_optimizer
 from resnet_tpu.parallel.bn_all_reduce_jax import build_mesh
 from resnet_tpu.engines.jax.step import JaxTrainStep
@@ -134,24 +136,50 @@ def test_every_workload_runs_though_each_takes_all_it_may():
     left -= timeout_s
 
 
-# lab.bench_gpu's parent as on the H200's image: no TensorFlow, so that
-# Keras cannot import without KERAS_BACKEND (the workers set it).
-WITHOUT_TENSORFLOW = (
-    "import runpy, sys; sys.path.insert(0, 'tests_jax'); "
-    "from without_tensorflow import WithoutTensorFlow; "
-    "sys.meta_path[:] = [WithoutTensorFlow(f) for f in sys.meta_path]; "
-    "runpy.run_module('lab.bench_gpu', run_name='__main__')")
+# An absl log of main.py with JAX_LOG_COMPILES=1: compiles before and
+# after the first host loop's line, a save 1.25 s after the last one's.
+LOG = """\
+W1206 23:59:50.000000 1 pxla.py:712] Compiling step with global shapes
+I1206 23:59:58.500000 1 loop_report.py:105] step 2/4: loss 2.2 top-1 0.1
+W1206 23:59:59.000000 1 pxla.py:712] Compiling gather with global shapes
+I1206 23:59:59.250000 1 loop_report.py:105] step 4/4: loss 2.0 top-1 0.2
+I1207 00:00:00.500000 1 npz_checkpoints.py:82] Saved checkpoint /r/ckpt-4.npz
+"""
+
+
+def test_the_loop_counts_compiles_after_its_first_loop_and_times_the_save():
+  records = [{"examples": 16, "images_per_sec": 2.0},
+             {"examples": 16, "images_per_sec": 32.0}]
+  got = bench_gpu_loop.read_run(LOG, records)
+  assert got["compiles_through_first_loop"] == 1
+  assert got["compiles_after_first_loop"] == 1
+  assert got["compiled_after_first_loop"] == ["gather"]
+  assert got["checkpoint"] == "ckpt-4.npz"
+  assert got["checkpoint_s"] == pytest.approx(1.25)
+  assert got["first_loop_s"] == 8.0
+  assert got["images_per_s"] == 32.0
+
+
+# On PYTHONPATH: every process of the run, the bench's parent, its workers
+# and its main.py, as on the H200's image: no TensorFlow, so that Keras
+# cannot import without KERAS_BACKEND (the workers set it) and the JAX
+# engine checkpoints to .npz.
+HIDE_TENSORFLOW = os.path.join(ROOT, "tests_jax", "hide_tensorflow")
 
 
 def test_a_tiny_run_reports_every_workload(tmp_path):
-  env = dict(os.environ, PYTHONPATH=ROOT)
-  env.pop("KERAS_BACKEND")
+  # No XLA_FLAGS: main.py's --strategy=auto takes JAX's one CPU device, as
+  # on the H200 its one GPU.
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("KERAS_BACKEND", "XLA_FLAGS")}
+  env["PYTHONPATH"] = os.pathsep.join([HIDE_TENSORFLOW, ROOT])
   subprocess.run(
-      [sys.executable, "-c", WITHOUT_TENSORFLOW, f"--output_dir={tmp_path}",
+      [sys.executable, "-m", "lab.bench_gpu", f"--output_dir={tmp_path}",
        "--depth=18", "--image_size=32", "--batch_size=16",
        "--num_classes=10", "--bn_images=4", "--steps=2",
-       "--warmup_steps=1", "--budget_s=400",
-       "--workloads=ours,stock_layers,ours_bn32,torch_eager"],
+       "--warmup_steps=1", "--loop_steps_per_loop=2", "--loop_host_loops=3",
+       "--budget_s=400",
+       "--workloads=ours,loop,stock_layers,ours_bn32,torch_eager"],
       cwd=ROOT, check=True, timeout=600, env=env)
   report = json.load(open(tmp_path / "gpu_bench.json"))
   workloads = report["workloads"]
@@ -174,7 +202,18 @@ def test_a_tiny_run_reports_every_workload(tmp_path):
   assert versions["device"] == jax.devices()[0].device_kind
   assert set(versions) >= {"torch", "torchvision", "python"}
   assert set(report["ratios"]) >= {"ours_vs_stock_layers",
-                                   "ours_bn32_vs_ours"}
+                                   "ours_bn32_vs_ours", "loop_vs_ours"}
+  loop = workloads["loop"]
+  assert loop["host_loops"] == 3 and len(loop["loop_images_per_s"]) == 2
+  assert loop["images_per_s"] > 0 and loop["first_loop_s"] > 0
+  assert report["ratios"]["loop_vs_ours"] == pytest.approx(
+      loop["images_per_s"] / workloads["ours"]["images_per_s"])
+  assert loop["compiles_through_first_loop"] > 0  # JAX_LOG_COMPILES read
+  assert loop["compiles_after_first_loop"] == 0, loop[
+      "compiled_after_first_loop"]
+  assert loop["checkpoint"] == "ckpt-6.npz"  # TensorFlow was hidden
+  assert 0 < loop["checkpoint_s"] < loop["wall_s"]
+  assert (tmp_path / "gpu_bench_loop.log").is_file()
   assert report["ratios"]["ours_vs_stock_layers"] == pytest.approx(
       workloads["ours"]["images_per_s"] /
       workloads["stock_layers"]["images_per_s"])
