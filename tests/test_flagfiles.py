@@ -174,6 +174,14 @@ def test_tpu_flagfiles_follow_the_route_tensorflow_documents(path):
     assert said in pod, f"docs/tpu.md's Pod slices does not say {said!r}"
 
 
+@pytest.mark.parametrize("name", ["v5e-8.cfg", "v6e-8.cfg"])
+def test_the_pjrt_tpu_recipes_move_uint8_images(name):
+  """uint8 on the wire, cast on the chip, where the recipe allows it
+  (issue 60): half of bfloat16's bytes for the host to batch and move."""
+  assert parse_flagfile(os.path.join(FLAGS_DIR, name)).transfer_dtype == (
+      "uint8")
+
+
 def test_unknown_flag_in_a_flagfile_fails_parsing(tmp_path):
   path = tmp_path / "typo.cfg"
   path.write_text("# A recipe with a typo.\n--global_batch_size=8\n"

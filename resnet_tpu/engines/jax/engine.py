@@ -10,7 +10,9 @@ own way:
 - the state lives on the devices as a TrainState and is checkpointed
   through tf_checkpoints.py (TensorFlow's files) where TensorFlow is
   installed, through npz_checkpoints.py where it is not;
-- the input arrives as numpy batches (host_batches.py, synthetic.py).
+- the input arrives as numpy batches (host_batches.py, synthetic.py),
+  put on the devices two batches ahead of the step by a background thread
+  (prefetch.py).
 
 On several hosts (--strategy=multi_worker, one process each: processes.py)
 every process runs this loop on its share of each batch; process 0 writes
@@ -33,6 +35,8 @@ from resnet_tpu import files
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.engines.jax import processes
 from resnet_tpu.engines.jax.npz_checkpoints import NpzCheckpoints
+from resnet_tpu.engines.jax.prefetch import DevicePrefetch
+from resnet_tpu.engines.jax.prefetch import stacker
 from resnet_tpu.engines.jax.state import iterations_index
 from resnet_tpu.engines.jax.step import JaxTrainStep
 from resnet_tpu.engines.jax.step import METRICS
@@ -122,7 +126,8 @@ class JaxEngine:
     self.chief = processes.is_chief()
     self.checkpoints = checkpoint_store(cfg, self.model, self.optimizer,
                                         self.step_fn.state(), self.chief)
-    self._batches: Batches | None = None
+    self._batches: DevicePrefetch | None = None
+    self._stack = stacker(self.step_fn.stacked_sharding)
     # --collective_timeout_s on several processes (armed by `running`).
     self._watchdog = Watchdog(0, self._stop_lost_peer)
 
@@ -161,7 +166,12 @@ class JaxEngine:
     return state.optimizer[iterations_index(self.optimizer)]
 
   def start_input(self, train_input: Callable[[int], Batches]) -> None:
-    self._batches = train_input(self.input_batches)
+    """(images, labels) on the devices, faults on the host, prefetched."""
+    self.close_inputs()
+    shard = self.step_fn.shard_batch
+    self._batches = DevicePrefetch(
+        train_input(self.input_batches),
+        lambda batch: (*shard(*batch[:2]), np.asarray(batch[2])))
 
   def host_loop(self, num_steps: int, micro_batches: int = 1) -> LoopResult:
     """`num_steps` steps of `micro_batches` batches each (batch-size
@@ -171,14 +181,12 @@ class JaxEngine:
     for _ in range(num_steps):
       if micro_batches == 1:
         images, labels, batch_faults = next(self._batches)
-        self.state, metrics = self.step_fn.step(
-            self.state, *self.step_fn.shard_batch(images, labels))
+        self.state, metrics = self.step_fn.step(self.state, images, labels)
       else:
-        images, labels, batch_faults = (np.stack(parts) for parts in zip(
-            *(next(self._batches) for _ in range(micro_batches))))
+        parts = [next(self._batches) for _ in range(micro_batches)]
         self.state, metrics = self.step_fn.accumulated_step(
-            self.state, *self.step_fn.shard_micro_batches(images, labels))
-        batch_faults = batch_faults.sum(axis=0)
+            self.state, *self._stack([part[:2] for part in parts]))
+        batch_faults = sum(part[2] for part in parts)
       per_step.append(metrics)
       faults = faults + batch_faults
     per_step = jax.device_get(per_step)  # blocks until the loop is done
@@ -192,10 +200,11 @@ class JaxEngine:
 
   def evaluate(self, eval_input: Callable[[], Batches]) -> LoopResult:
     sums = []
-    for batch in eval_input():
-      sums.append(self.step_fn.evaluate(self.state,
-                                        *self.step_fn.shard_batch(*batch)))
-      self._watchdog.alive()
+    with DevicePrefetch(eval_input(), lambda batch: self.step_fn.shard_batch(
+        *batch)) as batches:
+      for batch in batches:
+        sums.append(self.step_fn.evaluate(self.state, *batch))
+        self._watchdog.alive()
     total = {k: float(sum(s[k] for s in jax.device_get(sums)))
              for k in METRICS}
     self._watchdog.alive()
@@ -247,6 +256,8 @@ class JaxEngine:
     return str(error).strip().splitlines()[0]
 
   def close_inputs(self) -> None:
+    if self._batches is not None:
+      self._batches.close()
     self._batches = None
 
   def _stop_lost_peer(self, waited_s: float) -> None:

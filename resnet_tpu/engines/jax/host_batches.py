@@ -4,10 +4,12 @@ The pipeline is the TensorFlow path's (input_pipeline.py, Ying et al. 2018
 §3.2), one per host (process), each feeding its share of every global batch
 from its own shard of the files, as big_vision and flax feed JAX on TPU VMs;
 the trainer puts each share on the host's devices, split over its replicas
-(jax_step.JaxTrainStep.shard_batch). Training batches
-carry their fault counts (record_guards.fault_counts, the same counts the
-TensorFlow step sums), so a JAX run names its unusable and lost records as
-the TensorFlow one does.
+(step.JaxTrainStep.shard_batch, two batches ahead: prefetch.py). Training
+batches carry their fault counts (record_guards.fault_counts, the same
+counts the TensorFlow step sums), computed in the tf.data pipeline, so a
+JAX run names its unusable and lost records as the TensorFlow one does.
+Every array is handed over without a copy (`host_array`), as flax's
+imagenet input does (issue 60).
 """
 from typing import Iterator
 
@@ -27,18 +29,30 @@ def host_context(num_hosts: int = 1, host: int = 0
                                     num_replicas_in_sync=num_hosts)
 
 
+def host_array(tensor: tf.Tensor) -> np.ndarray:
+  """`tensor`'s buffer as numpy, not copied (it keeps the tensor alive).
+
+  TensorFlow's private `_numpy()`, as flax's examples use it: `.numpy()`
+  copies (TF 2.21), and big_vision's `np.asarray(memoryview(x))` refuses
+  bfloat16 (--input_dtype=compute). test_host_batches.py checks that the
+  memory is shared.
+  """
+  return tensor._numpy()  # pylint: disable=protected-access
+
+
 def train_batches(dataset_fn: DatasetFn, num_sources: int,
                   context: tf.distribute.InputContext = host_context()
                   ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
   """(images, labels, faults): this host's share of each global batch,
   without end; `faults` is [unusable, lost, per source...] (num_sources of
   them), this host's counts."""
-  for images, labels in dataset_fn(context):
+  def with_faults(images, labels):
     unusable, lost, by_source = record_guards.fault_counts(labels,
                                                            num_sources)
-    faults = np.concatenate([[unusable.numpy(), lost.numpy()],
-                             by_source.numpy()])
-    yield images.numpy(), labels.numpy(), faults
+    return images, labels, tf.concat([[unusable, lost], by_source], 0)
+
+  for batch in dataset_fn(context).map(with_faults):
+    yield tuple(host_array(t) for t in batch)
 
 
 def eval_batches(dataset_fn: DatasetFn,
@@ -47,5 +61,5 @@ def eval_batches(dataset_fn: DatasetFn,
   """(images, labels, mask): this host's share of each global batch of one
   pass over the eval set (mask 0 on the padding); every host yields the
   same number of batches (input_pipeline.eval_dataset_fn)."""
-  for images, labels, mask in dataset_fn(context):
-    yield images.numpy(), labels.numpy(), mask.numpy()
+  for batch in dataset_fn(context):
+    yield tuple(host_array(t) for t in batch)

@@ -161,9 +161,10 @@ class JaxTrainStep:
   def shard_batch(self, *arrays):
     """This process's share of a global batch's arrays, split over its
     replicas: one global array each, in device order (one process: the
-    whole batch)."""
-    return tuple(jax.make_array_from_process_local_data(
-        self.batch_sharding, np.asarray(a)) for a in arrays)
+    whole batch); a jax.Array is already there (prefetch.py)."""
+    return tuple(a if isinstance(a, jax.Array) else
+                 jax.make_array_from_process_local_data(
+                     self.batch_sharding, np.asarray(a)) for a in arrays)
 
   def shard_micro_batches(self, *arrays):
     """As shard_batch, for arrays of k stacked micro-batches [k, b, ...]
