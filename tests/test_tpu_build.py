@@ -47,7 +47,7 @@ def test_the_tpu_build_is_told_apart_by_a_kernel_only_it_registers():
     device_check.require_tpu_support()  # accepted
     assert "tensorflow-tpu 2.19.1" in device_check.installed_tensorflow()
   else:
-    with pytest.raises(ConfigError, match="pip install -r requirements-tpu"):
+    with pytest.raises(ConfigError, match="pip install -r requirements/tpu-vm-tensorflow.txt"):
       device_check.require_tpu_support()
 
 

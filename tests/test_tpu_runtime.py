@@ -86,7 +86,7 @@ def test_pjrt_sets_its_three_variables_and_the_users_own_win(tmp_path):
 def test_pjrt_without_libtpu_names_the_requirements_file(tmp_path,
                                                           monkeypatch):
   monkeypatch.setattr(tpu_runtime, "libtpu_path", lambda: None)
-  with pytest.raises(ConfigError, match="pip install -r requirements-tpu"):
+  with pytest.raises(ConfigError, match="pip install -r requirements/tpu-vm-tensorflow.txt"):
     tpu_runtime.apply("auto", "tpu", {}, _host(tmp_path, vfio=8))
 
 
