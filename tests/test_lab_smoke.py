@@ -11,7 +11,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The lab's scripts that take flags; bench_report and input_profile_table
 # are smoked below on their real inputs.
 ENTRY_POINTS = ("lab.bench_train", "lab.bench_bn_groups", "lab.bench_eval",
-                "lab.bench_input",
+                "lab.bench_input", "lab.bench_handoff",
                 "lab.allreduce_sim", "lab.study", "lab.study_fine_tune",
                 "lab.dev.bench_collectives",
                 "lab.dev.bench_cpu_kernels", "lab.dev.op_profile",
