@@ -158,3 +158,14 @@ def test_dataset_graph_holds_the_pipelines_ops_and_functions():
   assert any(node.op == "Mul" for f in graph.library.function
              for node in f.node_def)
 
+
+@pytest.mark.parametrize("dtype", [tf.uint8, tf.float32, tf.bfloat16])
+def test_tensor_buffer_shares_the_tensors_memory(dtype):
+  tensor = tf.cast(tf.reshape(tf.range(24), [2, 4, 3]), dtype) + 1
+  array = compat.tensor_buffer(tensor)
+  assert array.dtype == dtype.as_numpy_dtype and not array.flags.owndata
+  np.testing.assert_array_equal(array, tensor.numpy())
+  if dtype != tf.bfloat16:  # the buffer protocol refuses bfloat16
+    address = array.__array_interface__["data"][0]
+    assert address == np.asarray(memoryview(tensor)).__array_interface__[
+        "data"][0]

@@ -116,18 +116,6 @@ def test_the_end_of_the_input_ends_the_thread():
   assert not batches.running
 
 
-@pytest.mark.parametrize("dtype", [tf.uint8, tf.float32, tf.bfloat16])
-def test_host_array_shares_the_tensors_memory(dtype):
-  tensor = tf.cast(tf.reshape(tf.range(24), [2, 4, 3]), dtype) + 1
-  array = host_batches.host_array(tensor)
-  assert array.dtype == dtype.as_numpy_dtype and not array.flags.owndata
-  np.testing.assert_array_equal(array, tensor.numpy())
-  if dtype != tf.bfloat16:  # the buffer protocol refuses bfloat16
-    address = array.__array_interface__["data"][0]
-    assert address == np.asarray(memoryview(tensor)).__array_interface__[
-        "data"][0]
-
-
 def test_fault_counts_from_tf_data_equal_the_eager_ones_on_a_damaged_file(
     tmp_path):
   damaged_shards.corrupt_second_file(tmp_path)

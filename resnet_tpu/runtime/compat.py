@@ -10,6 +10,7 @@ replaces Keras's BatchNormalization._moments; tests/test_compat.py checks
 that Keras still routes its training statistics through it.
 """
 import keras
+import numpy as np
 import tensorflow as tf
 
 # pylint: disable=g-direct-tensorflow-import
@@ -101,6 +102,17 @@ def ordering_token(device: str, name: str) -> tf.Tensor:
   with tf.init_scope(), tf.device(device):
     return tf.raw_ops.VarHandleOp(dtype=tf.float32, shape=[],
                                   shared_name=name)
+
+
+# --- tensors -------------------------------------------------------------------
+
+
+def tensor_buffer(tensor: tf.Tensor) -> np.ndarray:
+  """An eager tensor's host buffer as numpy, not copied (the array keeps the
+  tensor alive): EagerTensor._numpy(), as flax's imagenet example hands
+  tf.data batches to JAX. `.numpy()` copies (TF 2.21), and big_vision's
+  `np.asarray(memoryview(x))` refuses bfloat16 (--input_dtype=compute)."""
+  return tensor._numpy()  # pylint: disable=protected-access
 
 
 # --- build and kernel facts ---------------------------------------------------

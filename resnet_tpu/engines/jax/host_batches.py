@@ -8,8 +8,8 @@ the trainer puts each share on the host's devices, split over its replicas
 batches carry their fault counts (record_guards.fault_counts, the same
 counts the TensorFlow step sums), computed in the tf.data pipeline, so a
 JAX run names its unusable and lost records as the TensorFlow one does.
-Every array is handed over without a copy (`host_array`), as flax's
-imagenet input does (issue 60).
+Every array is handed over without a copy (compat.tensor_buffer), as
+flax's imagenet input does (issue 60).
 """
 from typing import Iterator
 
@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from resnet_tpu.inputs import record_guards
 from resnet_tpu.inputs.input_pipeline import DatasetFn
+from resnet_tpu.runtime import compat
 
 
 def host_context(num_hosts: int = 1, host: int = 0
@@ -27,17 +28,6 @@ def host_context(num_hosts: int = 1, host: int = 0
   return tf.distribute.InputContext(num_input_pipelines=num_hosts,
                                     input_pipeline_id=host,
                                     num_replicas_in_sync=num_hosts)
-
-
-def host_array(tensor: tf.Tensor) -> np.ndarray:
-  """`tensor`'s buffer as numpy, not copied (it keeps the tensor alive).
-
-  TensorFlow's private `_numpy()`, as flax's examples use it: `.numpy()`
-  copies (TF 2.21), and big_vision's `np.asarray(memoryview(x))` refuses
-  bfloat16 (--input_dtype=compute). test_host_batches.py checks that the
-  memory is shared.
-  """
-  return tensor._numpy()  # pylint: disable=protected-access
 
 
 def train_batches(dataset_fn: DatasetFn, num_sources: int,
@@ -52,7 +42,7 @@ def train_batches(dataset_fn: DatasetFn, num_sources: int,
     return images, labels, tf.concat([[unusable, lost], by_source], 0)
 
   for batch in dataset_fn(context).map(with_faults):
-    yield tuple(host_array(t) for t in batch)
+    yield tuple(compat.tensor_buffer(t) for t in batch)
 
 
 def eval_batches(dataset_fn: DatasetFn,
@@ -62,4 +52,4 @@ def eval_batches(dataset_fn: DatasetFn,
   pass over the eval set (mask 0 on the padding); every host yields the
   same number of batches (input_pipeline.eval_dataset_fn)."""
   for batch in dataset_fn(context):
-    yield tuple(host_array(t) for t in batch)
+    yield tuple(compat.tensor_buffer(t) for t in batch)
