@@ -29,6 +29,8 @@ import time
 from absl import app
 from absl import flags
 
+from resnet_tpu.engines.jax import startup
+
 FLAGS = flags.FLAGS
 flags.DEFINE_string("output_dir", "bench_results",
                     "Where compile_cache.json goes.")
@@ -42,8 +44,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEP = "jit(_replica_step)"
 COMPILED = re.compile(r"Finished XLA compilation of (\S+) in ([\d.]+) sec")
 HIT = "Persistent compilation cache hit for 'jit__replica_step'"
-# auto's folder in the model_dir (engines/jax/startup.py's CACHE_FOLDER).
-CACHE_FOLDER = "jax_compilation_cache"
+# auto's folder in the model_dir.
+CACHE_FOLDER = startup.CACHE_FOLDER
 
 
 def run_flags(model_dir: str, steps: int) -> list[str]:
