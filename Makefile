@@ -2,8 +2,8 @@
 # Python 3.10, 3.11 or 3.12 as python3, and nothing else: they create .venv
 # first, one environment that holds both engines (requirements/cpu.txt,
 # test-tools.txt and test-jax.txt: the newest TensorFlow, Keras and JAX that
-# Python has, chosen by environment markers), every package pinned by
-# requirements/constraints/test-py<X.Y>.txt.
+# Python has, chosen by environment markers; no JAX on 3.10, see test-jax),
+# every package pinned by requirements/constraints/test-py<X.Y>.txt.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
