@@ -96,7 +96,7 @@ def finish(train: Callable[[], dict]) -> None:
   without a traceback, a restartable stop in its exit code."""
   # pylint: disable=g-import-not-at-top  (the engine's modules load first)
   from resnet_tpu.train import preemption
-  from resnet_tpu.train.storage import StorageError
+  from resnet_tpu.train.checkpoints.storage import StorageError
   # pylint: enable=g-import-not-at-top
   try:
     result = train()

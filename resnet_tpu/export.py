@@ -33,8 +33,8 @@ from resnet_tpu.inputs import class_list
 from resnet_tpu.inputs import preprocessing
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.model.resnet import build_model
-from resnet_tpu.train import checkpoint_paths
-from resnet_tpu.train.checkpointing import weights_module
+from resnet_tpu.train.checkpoints import paths
+from resnet_tpu.train.checkpoints.tf_files import weights_module
 
 # Written by data/build_tfrecords.py next to the TFRecords.
 LABELS_FILE = class_list.SYNSETS_FILE
@@ -59,12 +59,12 @@ def eval_crop_fraction(config: dict) -> float:
 def checkpoint_path(model_dir: str, checkpoint: str = "") -> str:
   """`checkpoint` if given, else the latest checkpoint of `model_dir`
   (TensorFlow's, or the .npz of a JAX run without TensorFlow)."""
-  path = checkpoint or checkpoint_paths.latest(model_dir)
+  path = checkpoint or paths.latest(model_dir)
   if not path:
     raise config_lib.ConfigError(
         f"--model_dir={model_dir!r} holds no checkpoint; train first or pass "
         "--checkpoint.")
-  npz = path.endswith(checkpoint_paths.NPZ_SUFFIX)
+  npz = path.endswith(paths.NPZ_SUFFIX)
   if not tf.io.gfile.exists(path if npz else path + ".index"):
     raise config_lib.ConfigError(
         f"--checkpoint={path!r} is not a checkpoint (expected {path}.index, "
@@ -88,7 +88,7 @@ def restore_inference_model(config: dict, path: str) -> keras.Model:
   """
   cfg = config_from_record(config).replace(precision="float32")
   model = build_model(cfg.model, cfg.distribution)
-  if path.endswith(checkpoint_paths.NPZ_SUFFIX):
+  if path.endswith(paths.NPZ_SUFFIX):
     _restore_npz(model, path, config)
     return model
   # A JAX run's checkpoint holds the weights in model order
@@ -111,12 +111,12 @@ def _restore_npz(model: keras.Model, path: str, config: dict) -> None:
   """Sets `model`'s variables from the .npz checkpoint of a JAX run
   without TensorFlow (engines/jax/npz_checkpoints.py: each group's arrays in the
   Keras model's variable order)."""
-  arrays = checkpoint_paths.read_npz(path)
+  arrays = paths.read_npz(path)
   for group, variables in (("trainable", model.trainable_variables),
                            ("non_trainable", model.non_trainable_variables)):
     count = sum(name.startswith(f"{group}_") for name in arrays)
     for i, variable in enumerate(variables):
-      value = arrays.get(checkpoint_paths.npz_key(group, i))
+      value = arrays.get(paths.npz_key(group, i))
       if count != len(variables) or value is None or (
           value.shape != tuple(variable.shape)):
         raise config_lib.ConfigError(

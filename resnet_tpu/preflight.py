@@ -35,7 +35,7 @@ import keras
 from resnet_tpu import files
 from resnet_tpu.optim import schedules
 from resnet_tpu.runtime import process_setup
-from resnet_tpu.train import checkpoint_paths
+from resnet_tpu.train.checkpoints import paths
 from resnet_tpu.config import allowed_changes
 from resnet_tpu.config import CONFIG_FILE
 from resnet_tpu.config import ConfigError
@@ -71,7 +71,7 @@ def check_model_dir(cfg: TrainConfig) -> None:
   ConfigError too, not a fresh start beside them.
   """
   tf_latest = (not files.tensorflow_installed() and
-               checkpoint_paths.tensorflow_latest(cfg.model_dir))
+               paths.tensorflow_latest(cfg.model_dir))
   if tf_latest:
     raise ConfigError(
         f"--model_dir={cfg.model_dir!r} holds TensorFlow checkpoints "
@@ -79,7 +79,7 @@ def check_model_dir(cfg: TrainConfig) -> None:
         "where it is (pip install tensorflow-cpu==2.21.0 beside JAX), or "
         "use a new --model_dir.")
   path = os.path.join(cfg.model_dir, CONFIG_FILE)
-  if not (checkpoint_paths.latest(cfg.model_dir) and files.exists(path)):
+  if not (paths.latest(cfg.model_dir) and files.exists(path)):
     return
   with files.open_file(path) as f:
     found = _engine_named(json.load(f))
@@ -109,13 +109,13 @@ def check_resume(cfg: TrainConfig) -> dict[str, list]:
   checkpoint is a fresh start: nothing to compare.
   """
   path = os.path.join(cfg.model_dir, CONFIG_FILE)
-  latest = checkpoint_paths.latest(cfg.model_dir)
+  latest = paths.latest(cfg.model_dir)
   if not (latest and files.exists(path)):
     return {}
   with files.open_file(path) as f:
     found = _engine_named(json.load(f))
   allowed = set(allowed_changes(cfg))
-  if checkpoint_paths.step_of(latest) >= cfg.run.total_train_steps:
+  if paths.step_of(latest) >= cfg.run.total_train_steps:
     # A finished run run again only evaluates (trainer._evaluate_finished),
     # with its statistics recomputed if asked (Akiba et al.).
     allowed |= EVALUATION_ONLY

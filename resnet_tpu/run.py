@@ -25,9 +25,9 @@ from resnet_tpu import preflight
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.inputs import class_list
 from resnet_tpu.runtime import tensorflow_process
-from resnet_tpu.train import checkpoint_paths
+from resnet_tpu.train.checkpoints import paths
 from resnet_tpu.train import loop
-from resnet_tpu.train import storage
+from resnet_tpu.train.checkpoints import storage
 from resnet_tpu.train.engine import LoopCallback
 from resnet_tpu.train.engine import ModelFn
 
@@ -55,7 +55,7 @@ def run(cfg: TrainConfig, model_fn: ModelFn | None = None,
   cfg, found, changes = preflight.check_run(cfg)
   # Fine-tuning: a run that has no checkpoint yet starts from another's.
   fine_tune = bool(cfg.run.init_checkpoint and
-                   not checkpoint_paths.latest(cfg.model_dir))
+                   not paths.latest(cfg.model_dir))
   if fine_tune:
     # TensorFlow reads the source (config.validate: it is installed).
     from resnet_tpu import warm_start  # pylint: disable=g-import-not-at-top

@@ -39,7 +39,7 @@ from resnet_tpu.config import ConfigError
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.model.resnet import build_model
 from resnet_tpu.runtime import tensorflow_process
-from resnet_tpu.train import checkpoint_paths
+from resnet_tpu.train.checkpoints import paths
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,14 +54,14 @@ def find_source(init_checkpoint: str) -> Source:
   a run (no checkpoint, no config.json beside it)."""
   if tf.io.gfile.isdir(init_checkpoint):
     model_dir = init_checkpoint
-    path = checkpoint_paths.latest(model_dir)
+    path = paths.latest(model_dir)
     if not path:
       raise ConfigError(f"--init_checkpoint={init_checkpoint!r} holds no "
                         "checkpoint (a run's model_dir or a checkpoint "
                         "prefix such as <model_dir>/ckpt-1000).")
   else:
     model_dir, path = os.path.dirname(init_checkpoint), init_checkpoint
-    npz = path.endswith(checkpoint_paths.NPZ_SUFFIX)
+    npz = path.endswith(paths.NPZ_SUFFIX)
     if not tf.io.gfile.exists(path if npz else path + ".index"):
       raise ConfigError(f"--init_checkpoint={init_checkpoint!r} is neither "
                         f"a folder nor a checkpoint prefix ({path}.index "

@@ -1,4 +1,4 @@
-"""files.py and checkpoint_paths.py without TensorFlow (a JAX run on a
+"""files.py and train/checkpoints/paths.py without TensorFlow (a JAX run on a
 machine without it) do what TensorFlow's file API does for them here."""
 import os
 
@@ -6,8 +6,8 @@ import pytest
 import tensorflow as tf
 
 from resnet_tpu import files
-from resnet_tpu.train import checkpoint_paths
-from resnet_tpu.train import storage
+from resnet_tpu.train.checkpoints import paths
+from resnet_tpu.train.checkpoints import storage
 
 
 @pytest.fixture(name="without_tensorflow")
@@ -50,12 +50,12 @@ def test_python_files_do_what_tensorflows_do(tmp_path, monkeypatch):
 def test_the_state_file_names_the_latest_checkpoint_without_tensorflow(
     tmp_path, without_tensorflow):
   del without_tensorflow
-  assert checkpoint_paths.latest(str(tmp_path)) is None
+  assert paths.latest(str(tmp_path)) is None
   manager = tf.train.CheckpointManager(
       tf.train.Checkpoint(v=tf.Variable(1.0)), str(tmp_path), max_to_keep=3)
   for step in (5, 10):
     manager.save(checkpoint_number=step)
-  assert checkpoint_paths.latest(str(tmp_path)) == (
+  assert paths.latest(str(tmp_path)) == (
       tf.train.latest_checkpoint(str(tmp_path))) == f"{tmp_path}/ckpt-10"
 
 
@@ -63,10 +63,10 @@ def test_npz_checkpoints_are_listed_by_step_not_by_name(tmp_path):
   for name in ("ckpt-9.npz", "ckpt-10.npz", "ckpt-10.npz.partial",
                "ckpt-x.npz", "checkpoint"):
     (tmp_path / name).write_bytes(b"")
-  assert checkpoint_paths.npz_checkpoints(str(tmp_path)) == [
+  assert paths.npz_checkpoints(str(tmp_path)) == [
       f"{tmp_path}/ckpt-9.npz", f"{tmp_path}/ckpt-10.npz"]
-  assert checkpoint_paths.latest(str(tmp_path)) == f"{tmp_path}/ckpt-10.npz"
-  assert [checkpoint_paths.step_of(p) for p in (
+  assert paths.latest(str(tmp_path)) == f"{tmp_path}/ckpt-10.npz"
+  assert [paths.step_of(p) for p in (
       "d/ckpt-10.npz", "d/ckpt-7", "d/ckpt-x")] == [10, 7, -1]
 
 

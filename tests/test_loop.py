@@ -19,7 +19,7 @@ from resnet_tpu.train import cadence
 from resnet_tpu.train import loop
 from resnet_tpu.train import loop_report
 from resnet_tpu.train import preemption
-from resnet_tpu.train import storage
+from resnet_tpu.train.checkpoints import storage
 from resnet_tpu.train.loop_result import LoopResult
 from resnet_tpu.train.metrics_log import read_metrics
 

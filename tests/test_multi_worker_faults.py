@@ -22,7 +22,7 @@ import sys
 import tensorflow as tf
 
 import damaged_shards
-from resnet_tpu.train import checkpointing
+from resnet_tpu.train.checkpoints import tf_files
 from resnet_tpu.train.metrics_log import read_metrics
 from test_multi_worker import _free_loopback_ports
 from test_multi_worker_failure import _kill_all
@@ -145,11 +145,11 @@ def test_workers_that_restore_different_steps_stop_before_training(
 
 
 def test_a_restore_disagreement_names_what_differs_on_each_worker():
-  assert checkpointing.restore_disagreement({0: (10, 10), 1: (10, 10)}) is None
-  steps = checkpointing.restore_disagreement({0: (10, 10), 1: (5, 5),
+  assert tf_files.restore_disagreement({0: (10, 10), 1: (10, 10)}) is None
+  steps = tf_files.restore_disagreement({0: (10, 10), 1: (5, 5),
                                               2: (3, 3)})
   assert steps.startswith("worker restores disagree: steps 10, 5 and 3 (")
-  inputs = checkpointing.restore_disagreement({0: (10, 12), 1: (10, 10)})
+  inputs = tf_files.restore_disagreement({0: (10, 12), 1: (10, 10)})
   assert inputs.startswith("worker restores disagree: step 10, input at "
                            "global batches 12 and 10 (worker 0: step 10, "
                            "input at global batch 12; worker 1: step 10, "

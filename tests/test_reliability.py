@@ -24,7 +24,7 @@ from conftest import cpu_strategy
 from resnet_tpu.train import loop_report
 from resnet_tpu.train import loop
 from resnet_tpu.train import preemption
-from resnet_tpu.train import storage
+from resnet_tpu.train.checkpoints import storage
 from resnet_tpu.engines.tensorflow import engine as engine_lib
 from resnet_tpu.config import ConfigError
 from resnet_tpu.config import TrainConfig

@@ -8,7 +8,7 @@ import tensorflow as tf
 import main as main_lib
 from resnet_tpu import run as run_lib
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.train import storage
+from resnet_tpu.train.checkpoints import storage
 from resnet_tpu.engines.tensorflow.engine import TensorFlowEngine
 from conftest import cpu_strategy
 from tiny_model import tiny_resnet

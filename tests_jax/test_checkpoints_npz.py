@@ -6,10 +6,10 @@ import pytest
 from resnet_tpu import files
 from resnet_tpu.config import ConfigError
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.train import checkpoint_paths
+from resnet_tpu.train.checkpoints import paths
 from resnet_tpu.engines.jax.npz_checkpoints import NpzCheckpoints
 from resnet_tpu.engines.jax.state import TrainState
-from resnet_tpu.train import storage
+from resnet_tpu.train.checkpoints import storage
 
 
 def _state(step: int, seed: int = 0, width: int = 3) -> TrainState:
@@ -143,7 +143,7 @@ class _Unavailable(OSError):
 def _read_fails(monkeypatch, times: int) -> list[str]:
   """read_npz raises _Unavailable `times` times, then reads; returns the
   paths it was called with."""
-  calls, real = [], checkpoint_paths.read_npz
+  calls, real = [], paths.read_npz
 
   def read(path):
     calls.append(path)
@@ -151,7 +151,7 @@ def _read_fails(monkeypatch, times: int) -> list[str]:
       raise _Unavailable("503 Service Unavailable")
     return real(path)
 
-  monkeypatch.setattr(checkpoint_paths, "read_npz", read)
+  monkeypatch.setattr(paths, "read_npz", read)
   return calls
 
 

@@ -37,7 +37,7 @@ from resnet_tpu.model.resnet import build_model
 from resnet_tpu.parallel.bn_all_reduce_jax import build_mesh
 from resnet_tpu.engines.jax import step as jax_step
 from resnet_tpu.train import loop_report
-from resnet_tpu.train import storage
+from resnet_tpu.train.checkpoints import storage
 from resnet_tpu.engines.jax.engine import JaxEngine
 from resnet_tpu.train.metrics_log import read_metrics
 

@@ -98,7 +98,7 @@ def _network_of(model_dir) -> keras.Model:
   # pylint: disable=g-import-not-at-top
   from resnet_tpu import config as config_lib
   from resnet_tpu.model.resnet import build_model
-  from resnet_tpu.train import checkpoint_paths
+  from resnet_tpu.train.checkpoints import paths
   # pylint: enable=g-import-not-at-top
   with open(os.path.join(model_dir, "config.json")) as f:
     record = json.load(f)
@@ -106,10 +106,10 @@ def _network_of(model_dir) -> keras.Model:
       k: v for k, v in record.items()
       if k in {"model_dir", *config_lib.FLAG_FIELDS}})
   model = build_model(cfg.model, cfg.distribution)
-  arrays = checkpoint_paths.read_npz(checkpoint_paths.latest(model_dir))
+  arrays = paths.read_npz(paths.latest(model_dir))
   for group in ("trainable", "non_trainable"):
     for i, variable in enumerate(getattr(model, f"{group}_variables")):
-      variable.assign(arrays[checkpoint_paths.npz_key(group, i)])
+      variable.assign(arrays[paths.npz_key(group, i)])
   return model
 
 

@@ -5,6 +5,6 @@ NaN/Inf, stalls or a lost peer, written once for both engines; engine.py is
 what it asks of an engine (engines/). loss.py is the one loss and accuracy
 of both engines' steps; loop_report.py, metrics_log.py, cadence.py and
 preemption.py are what the loop reports, writes, schedules and stops on;
-checkpointing.py, checkpoint_paths.py and storage.py hold TensorFlow's
-checkpoint files and the writes that must not fail silently.
+checkpoints/ holds the checkpoint files of both engines and the writes that
+must not fail silently.
 """

@@ -13,7 +13,7 @@ import os
 from absl import logging
 
 from resnet_tpu import files
-from resnet_tpu.train import storage
+from resnet_tpu.train.checkpoints import storage
 
 REQUIRED_KEYS = ("step", "split", "loss", "top1", "top5", "examples",
                  "images_per_sec", "elapsed_s")

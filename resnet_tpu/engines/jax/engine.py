@@ -46,7 +46,7 @@ from resnet_tpu.engines.jax.watchdog import Watchdog
 from resnet_tpu.model.resnet import build_model
 from resnet_tpu.optim import optimizers
 from resnet_tpu.runtime import process_setup
-from resnet_tpu.train import checkpoint_paths
+from resnet_tpu.train.checkpoints import paths
 from resnet_tpu.train import loop
 from resnet_tpu.train import preemption
 from resnet_tpu.train.engine import LoopCallback
@@ -69,7 +69,7 @@ def checkpoint_store(cfg: TrainConfig, model: keras.Model,
   """TensorFlow's checkpoint files (tf_checkpoints.py) where TensorFlow is
   installed; .npz files (npz_checkpoints.py) where it is not, and in a
   model_dir that already holds them (a run keeps its format)."""
-  if (checkpoint_paths.npz_checkpoints(cfg.model_dir)
+  if (paths.npz_checkpoints(cfg.model_dir)
       or not files.tensorflow_installed()):
     return NpzCheckpoints(cfg, template, iterations_index(optimizer), chief)
   # pylint: disable-next=g-import-not-at-top  (TensorFlow's)

@@ -31,8 +31,8 @@ import numpy as np
 from resnet_tpu import files
 from resnet_tpu.config import ConfigError
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.train import checkpoint_paths
-from resnet_tpu.train import storage
+from resnet_tpu.train.checkpoints import paths
+from resnet_tpu.train.checkpoints import storage
 from resnet_tpu.engines.jax.state import TrainState
 
 INPUT_KEY = "input_batches"
@@ -53,7 +53,7 @@ class NpzCheckpoints:
     self.cfg = cfg
     self.directory = cfg.model_dir
     self.chief = chief
-    self._shapes = {checkpoint_paths.npz_key(group, i): np.shape(value)
+    self._shapes = {paths.npz_key(group, i): np.shape(value)
                     for group, values in zip(TrainState._fields, template)
                     for i, value in enumerate(values)}
     self._counts = [len(values) for values in template]
@@ -61,7 +61,7 @@ class NpzCheckpoints:
     self.retry_delays_s = storage.RETRY_DELAYS_S  # of a read (tests: 0)
 
   def latest(self) -> str | None:
-    found = checkpoint_paths.npz_checkpoints(self.directory)
+    found = paths.npz_checkpoints(self.directory)
     return found[-1] if found else None
 
   def save(self, state: TrainState, input_batches: int) -> str:
@@ -69,10 +69,10 @@ class NpzCheckpoints:
     checkpoint's path on every process."""
     step = int(jax.device_get(state.optimizer[self._step_index]))
     path = os.path.join(self.directory,
-                        f"ckpt-{step}{checkpoint_paths.NPZ_SUFFIX}")
+                        f"ckpt-{step}{paths.NPZ_SUFFIX}")
     if not self.chief:
       return path
-    arrays = {checkpoint_paths.npz_key(group, i): np.asarray(value)
+    arrays = {paths.npz_key(group, i): np.asarray(value)
               for group, values in zip(TrainState._fields,
                                        jax.device_get(state))
               for i, value in enumerate(values)}
@@ -96,7 +96,7 @@ class NpzCheckpoints:
 
   def _rotate(self) -> None:
     """Removes all but the newest --keep_checkpoints."""
-    found = checkpoint_paths.npz_checkpoints(self.directory)
+    found = paths.npz_checkpoints(self.directory)
     for path in found[:-self.cfg.run.keep_checkpoints]:
       storage.written("the removal of an old checkpoint", path,
                       self.directory, lambda p=path: files.remove(p))
@@ -105,11 +105,11 @@ class NpzCheckpoints:
     """The newest intact checkpoint: its path, state and input position
     (None, None, 0 for a fresh run)."""
     damaged = []
-    for path in reversed(checkpoint_paths.npz_checkpoints(self.directory)):
+    for path in reversed(paths.npz_checkpoints(self.directory)):
       read = []
       error = storage.read_retried(
           path, self.directory,
-          lambda p=path: read.append(checkpoint_paths.read_npz(p)),
+          lambda p=path: read.append(paths.read_npz(p)),
           self.retry_delays_s)
       if isinstance(error, DAMAGE):
         damaged.append(path)
@@ -145,7 +145,7 @@ class NpzCheckpoints:
           f"{self.cfg.optim.optimizer}): its arrays differ (e.g. {differ}). "
           "If another network wrote it, use a new --model_dir or that run's "
           "flags (its config.json).")
-    return TrainState(*([arrays[checkpoint_paths.npz_key(group, i)]
+    return TrainState(*([arrays[paths.npz_key(group, i)]
                          for i in range(count)]
                         for group, count in zip(TrainState._fields,
                                                 self._counts)))
@@ -156,8 +156,8 @@ class NpzCheckpoints:
     if not self.chief:
       return
     for path in damaged:
-      aside = checkpoint_paths.free_folder(os.path.join(
-          self.directory, checkpoint_paths.DAMAGED_DIR,
+      aside = paths.free_folder(os.path.join(
+          self.directory, paths.DAMAGED_DIR,
           os.path.basename(path)))
       files.makedirs(aside)
       files.rename(path, os.path.join(aside, os.path.basename(path)))

@@ -2,9 +2,9 @@
 
 A JAX run keeps its variables' values in a TrainState (engines/jax/step.py), not
 in Keras variables that tf.train.Checkpoint could track. Here each value has a
-tf.Variable twin, in a checkpointing.weights_module (the model's trainable and
+tf.Variable twin, in a tf_files.weights_module (the model's trainable and
 non-trainable variables, in the Keras model's order) and an optimizer twin
-(its variables, `iterations` among them); checkpointing.Checkpoints saves
+(its variables, `iterations` among them); tf_files.Checkpoints saves
 and restores those, so a JAX run gets the TensorFlow path's checkpoint
 files, keep-N rotation, retries, and damaged-checkpoint handling unchanged.
 
@@ -26,8 +26,8 @@ import numpy as np
 import tensorflow as tf
 
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.train.checkpointing import Checkpoints
-from resnet_tpu.train.checkpointing import weights_module
+from resnet_tpu.train.checkpoints.tf_files import Checkpoints
+from resnet_tpu.train.checkpoints.tf_files import weights_module
 from resnet_tpu.engines.jax.state import TrainState
 from resnet_tpu.engines.jax.state import iterations_index
 
@@ -39,7 +39,7 @@ def _twins(variables: Sequence[keras.Variable]) -> list[tf.Variable]:
 
 class JaxCheckpoints:
   """Saves and restores a JAX run's TrainState and input position in
-  `directory` (checkpointing.Checkpoints, on tf.Variable twins)."""
+  `directory` (tf_files.Checkpoints, on tf.Variable twins)."""
 
   def __init__(self, cfg: TrainConfig, model: keras.Model,
                optimizer: keras.optimizers.Optimizer, directory: str,
@@ -92,7 +92,7 @@ class JaxCheckpoints:
 
   def restore(self) -> tuple[str | None, TrainState | None, int]:
     """The newest intact checkpoint: its path, state and input position
-    (None, None, 0 for a fresh run); checkpointing.Checkpoints.restore
+    (None, None, 0 for a fresh run); tf_files.Checkpoints.restore
     raises what it raises (another network's, all damaged, unavailable)."""
     path = self.store.restore()
     if path is None:

@@ -2,7 +2,7 @@
 under a tf.distribute strategy, its host loops, and its checkpoints.
 
 The step math is step.py, the host loops host_loops.py (Ying et al. 2018:
-many steps per host call), the checkpoints train/checkpointing.py; the
+many steps per host call), the checkpoints train/checkpoints/tf_files.py; the
 loop's policy (cadence, records, stops) is train/loop.py, which this engine
 serves (train/engine.py). Workers agree through one all-reduce per flag
 (parallel/strategy.any_worker).
@@ -30,9 +30,9 @@ from resnet_tpu.parallel.strategy import any_worker
 from resnet_tpu.parallel.strategy import is_chief
 from resnet_tpu.parallel.strategy import PEER_ERRORS
 from resnet_tpu.train import loop
-from resnet_tpu.train.checkpointing import check_workers_agree
-from resnet_tpu.train.checkpointing import Checkpoints
-from resnet_tpu.train.checkpointing import worker_checkpoint_dir
+from resnet_tpu.train.checkpoints.tf_files import check_workers_agree
+from resnet_tpu.train.checkpoints.tf_files import Checkpoints
+from resnet_tpu.train.checkpoints.tf_files import worker_checkpoint_dir
 from resnet_tpu.train.engine import LoopCallback
 from resnet_tpu.train.engine import ModelFn
 from resnet_tpu.train.loop_result import LoopResult
@@ -126,7 +126,7 @@ class TensorFlowEngine:
 
   def check_restored_agree(self) -> None:
     """One all-gather of every worker's step and input position
-    (checkpointing.RestoreMismatch)."""
+    (tf_files.RestoreMismatch)."""
     check_workers_agree(self.strategy, self.step, self.input_batches)
 
   def start_input(self, train_input: TrainInput) -> None:

@@ -25,8 +25,8 @@ import tensorflow as tf
 
 from resnet_tpu.config import ConfigError
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.train import checkpoint_paths
-from resnet_tpu.train import storage
+from resnet_tpu.train.checkpoints import paths
+from resnet_tpu.train.checkpoints import storage
 
 # What damaged files raise: a checksum or framing error, a truncated or
 # missing file. The reader reports an index cut short ("not an sstable (bad
@@ -203,9 +203,9 @@ class Checkpoints:
     state = tf.train.get_checkpoint_state(self.cfg.model_dir)
     if not state or not state.model_checkpoint_path:
       return []
-    paths = list(state.all_model_checkpoint_paths) or [
+    found = list(state.all_model_checkpoint_paths) or [
         state.model_checkpoint_path]
-    return sorted(map(self._absolute, paths), key=checkpoint_paths.step_of,
+    return sorted(map(self._absolute, found), key=paths.step_of,
                   reverse=True)
 
   def _absolute(self, path: str) -> str:
@@ -220,8 +220,8 @@ class Checkpoints:
     them."""
     if self.chief:
       for path in damaged:
-        aside = checkpoint_paths.free_folder(os.path.join(
-            self.cfg.model_dir, checkpoint_paths.DAMAGED_DIR,
+        aside = paths.free_folder(os.path.join(
+            self.cfg.model_dir, paths.DAMAGED_DIR,
             os.path.basename(path)))
         tf.io.gfile.makedirs(aside)
         for name in tf.io.gfile.glob(path + ".*"):
@@ -235,7 +235,7 @@ class Checkpoints:
       times = dict(zip(map(self._absolute, state.all_model_checkpoint_paths),
                        state.all_model_checkpoint_timestamps))
       intact = sorted((p for p in candidates if p not in damaged),
-                      key=checkpoint_paths.step_of)
+                      key=paths.step_of)
       tf.compat.v1.train.update_checkpoint_state(
           self.cfg.model_dir, restored, all_model_checkpoint_paths=intact,
           all_model_checkpoint_timestamps=[times[p] for p in intact

@@ -1,6 +1,6 @@
 """Where a run's checkpoints are, in either store's format.
 
-TensorFlow's checkpoints (checkpointing.py, and a JAX run's twins of them:
+TensorFlow's checkpoints (tf_files.py, and a JAX run's twins of them:
 engines/jax/tf_checkpoints.py) are ckpt-<step>.index and .data-* files, listed
 by the `checkpoint` state file. A JAX run without TensorFlow writes the numpy
 store's ckpt-<step>.npz files (engines/jax/npz_checkpoints.py). A model_dir

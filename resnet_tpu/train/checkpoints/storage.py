@@ -4,7 +4,7 @@ reads of a checkpoint that fail for a while are retried.
 A checkpoint, a metrics record, config.json or the export can fail to write:
 a full disk, a model_dir removed or made unwritable, a bucket that stops
 answering. Errors that may pass (a bucket's 503, a deadline: WRITE_RETRIED)
-are retried with the restore path's backoff (checkpointing.RETRY_DELAYS_S);
+are retried with the restore path's backoff (tf_files.RETRY_DELAYS_S);
 any other, or one that outlasts the retries, raises StorageError: one line
 naming what was written, where, the error and the last good checkpoint.
 tf.train.CheckpointManager writes a checkpoint's state file only after its
@@ -19,7 +19,7 @@ from absl import logging
 
 from resnet_tpu import files
 from resnet_tpu.config import ConfigError
-from resnet_tpu.train import checkpoint_paths
+from resnet_tpu.train.checkpoints import paths
 
 T = TypeVar("T")
 # tf.errors' UNAVAILABLE, DEADLINE_EXCEEDED and ABORTED (the canonical codes
@@ -47,7 +47,7 @@ class StorageError(Exception):
 
   def __str__(self) -> str:
     try:
-      last = (checkpoint_paths.latest(self.model_dir)
+      last = (paths.latest(self.model_dir)
               or "none (no checkpoint is readable in the model_dir)")
     except files.errors():
       last = "unknown (the model_dir cannot be read)"
