@@ -17,6 +17,7 @@ TEST_CONSTRAINTS := requirements/constraints/test-py$(PYTHON_VERSION).txt
 
 .PHONY: venv lint test test-tf test-jax free-space free-space-ci constraints \
 	bench-gpu bench-gpu-wheels bench-compile-cache fashion-mnist test-lab \
+	bench-engines-cpu demo-data \
 	test-tpu-build \
 	check-requirements demo demo-jax bench bench-eval-stall \
 	bench-collectives bench-cpu-kernels profile-ops accelerator-check \
@@ -166,6 +167,10 @@ define demo_data
 	    --output_dir=$(DEMO_DATA)/tfrecords --split=validation --num_shards=2
 endef
 
+# make demo's data alone (make bench-engines-cpu makes it where it is missing).
+demo-data: venv
+	$(call demo_data,$(PY))
+
 demo: DEMO_START := $(shell date +%s)
 demo: venv
 	rm -rf $(DEMO_RUN)
@@ -243,6 +248,15 @@ bench-eval-stall: venv fashion-mnist
 # about 4 minutes; writes compile_cache.json).
 bench-compile-cache: venv
 	$(PY) -m lab.bench_compile_cache --output_dir=$(BENCH_DIR)
+
+# Why the CPU demo trains faster on TensorFlow than on JAX: the demo through
+# main.py on TensorFlow with oneDNN's kernels and with Eigen's, and on JAX,
+# side by side; JAX's loop against its step; the project's JAX step against
+# stock keras.layers (lab/bench_engines_cpu.py, about 12 minutes).
+bench-engines-cpu: venv
+	test -d $(DEMO_DATA)/tfrecords || $(MAKE) demo-data
+	$(PY) -m lab.bench_engines_cpu --data_dir=$(DEMO_DATA)/tfrecords \
+	    --output_dir=$(BENCH_DIR)
 
 # ResNet-50 training steps on one GPU, the project's JAX step beside stock
 # Keras and torchvision (lab/bench_gpu.py), in a Python with JAX and Keras

@@ -33,6 +33,8 @@ PARTS = (
      "(lab/dev/bench_collectives.py)", "make bench-collectives"),
     ("cpu_kernels.md", "Developer: CPU kernels, oneDNN vs Eigen "
      "(lab/dev/bench_cpu_kernels.py)", "make bench-cpu-kernels"),
+    ("engines_cpu.md", "The CPU demo on TensorFlow and on JAX "
+     "(lab/bench_engines_cpu.py)", "make bench-engines-cpu"),
     ("op_profile_ours_ours_v1_layout_keras.md", "Developer: op time of the "
      "ResNet-50 steps (lab/dev/op_profile.py)", "make profile-ops"),
     ("op_profile_bn_group1_bn_group4_bn_group8.md", "Developer: op time of "

@@ -27,11 +27,23 @@ def test_every_target_that_reads_fashion_mnist_installs_it_first():
   targets = [t for t in targets if t not in ("bench-gpu", "bench-gpu-wheels",
                                              "bench-collectives",
                                              "bench-cpu-kernels",
-                                             "bench-compile-cache")]
+                                             "bench-compile-cache",
+                                             "bench-engines-cpu")]
   assert {"bench", "bench-eval-stall"} <= set(targets)
   assert len(targets) >= 9
   for target in targets:
     assert "fashion-mnist" in _prerequisites(target), target
+
+
+def test_the_engines_bench_makes_the_demo_data_where_it_is_missing(tmp_path):
+  """make bench-engines-cpu times the demo on its own data (make demo-data)."""
+  import subprocess
+  done = subprocess.run(
+      ["make", "-n", "bench-engines-cpu", f"DEMO_DATA={tmp_path}/none"],
+      cwd=ROOT, capture_output=True, text=True, check=True)
+  assert "data.make_synthetic" in done.stdout
+  assert (f"lab.bench_engines_cpu --data_dir={tmp_path}/none/tfrecords"
+          in done.stdout)
 
 
 def test_the_install_step_targets_the_folder_the_lab_reads():
