@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from main_runs import BACKENDS
 from data.build_tfrecords import build
 from data.make_synthetic import make_synthetic
 
@@ -61,15 +62,16 @@ def test_gpu_run_without_a_gpu_names_the_gpu_requirements(tmp_path):
   assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("flag,message", [
     ("--global_batch_size=0", "--global_batch_size must be >= 1, got 0"),
     ("--base_learning_rate=-1", "--base_learning_rate must be > 0, got -1.0"),
     ("--label_smoothing=1.5", "--label_smoothing must be >= 0 and < 1"),
 ])
 def test_a_bad_flag_value_prints_one_message_without_a_traceback(
-    tmp_path, flag, message):
+    tmp_path, flag, message, backend):
   result = _main("--strategy=cpu", "--use_synthetic_data", "--train_steps=1",
-                 f"--model_dir={tmp_path}", flag)
+                 f"--model_dir={tmp_path}", f"--backend={backend}", flag)
   assert result.returncode == 1
   assert message in result.stderr
   assert "Traceback" not in result.stderr

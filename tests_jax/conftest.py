@@ -2,7 +2,7 @@
 set before JAX or Keras loads (make test-jax runs this suite in its own
 process, in the .venv that holds both engines; the engine's own code
 imports no TensorFlow (test_imports.py), JAX training takes tf.data and
-TensorFlow's files from it (test_training.py)).
+TensorFlow's files from it (tests/test_demo_on_both_engines.py)).
 
 `tf_reference` runs the TensorFlow side of the equivalence tests once, in
 the TensorFlow environment: $TF_PYTHON, else the repository's .venv.
@@ -20,6 +20,9 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 import pytest  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The helpers both suites share (tests/main_runs.py: main.py as a user
+# starts it; tests/damaged_shards.py).
+sys.path.insert(1, os.path.join(ROOT, "tests"))
 TF_REFERENCE_TIMEOUT_S = 900
 
 

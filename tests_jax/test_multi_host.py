@@ -127,6 +127,6 @@ def test_two_hosts_train_stop_together_resume_and_learn(demo_data, tmp_path):
   assert [r["step"] for r in evals] == [50, 100]
   assert evals[-1]["examples"] == 250
   # The one-host demo reaches top-1 1.000 on either engine
-  # (test_training.py).
+  # (tests/test_demo_on_both_engines.py).
   assert evals[-1]["top1"] >= 1.0 - TOP1_TOLERANCE, evals[-1]
   assert not [n for n in os.listdir(model_dir) if "worker" in n]

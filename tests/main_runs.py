@@ -1,6 +1,7 @@
-"""Runs of main.py on the JAX engine, as a user starts them, for the tests
-of training (test_training.py) and of several hosts (test_multi_host.py,
-test_multi_host_failure.py)."""
+"""Runs of main.py as a user starts them, in processes of their own, on
+either engine: for the demo on both engines (test_demo_on_both_engines.py)
+and JAX's runs of several hosts and without TensorFlow (tests_jax/)."""
+import importlib.util
 import json
 import os
 import re
@@ -9,6 +10,8 @@ import socket
 import subprocess
 import sys
 import time
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN_TIMEOUT_S = 900
@@ -24,15 +27,24 @@ TINY = ("--strategy=cpu", "--num_cpu_replicas=2", "--use_synthetic_data",
 
 
 def env(**extra: str) -> dict:
-  """This process's environment without the test session's JAX settings
-  (main.py sets its own from --strategy and --backend), plus `extra`."""
+  """This process's environment without the test session's engine settings
+  (main.py sets its own from --strategy and --backend, and chooses the CPU
+  kernels), plus `extra`."""
   kept = {k: v for k, v in os.environ.items()
-          if k not in ("XLA_FLAGS", "JAX_PLATFORMS", "KERAS_BACKEND")}
+          if k not in ("XLA_FLAGS", "JAX_PLATFORMS", "KERAS_BACKEND",
+                       "TF_ENABLE_ONEDNN_OPTS")}
   return {**kept, **extra}
 
 
 # main.py as where TensorFlow is not installed (without_tensorflow.py).
 WITHOUT_TENSORFLOW = os.path.join(ROOT, "tests_jax", "without_tensorflow.py")
+# main.py's --backend=jax where this environment has JAX (not on Python
+# 3.10: requirements/test-jax.txt).
+HAS_JAX = importlib.util.find_spec("jax") is not None
+needs_jax = pytest.mark.skipif(
+    not HAS_JAX, reason="no JAX in this environment (Python 3.10: "
+    "requirements/test-jax.txt)")
+BACKENDS = ("tensorflow", pytest.param("jax", marks=needs_jax))
 
 
 def main(*flags: str, backend: str = "jax", environ: dict | None = None,
