@@ -37,15 +37,22 @@ from absl import app
 from absl import flags
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("data_dir", "demo_data/tfrecords", "The demo's TFRecords.")
-flags.DEFINE_string("output_dir", "bench_results", "Where the report goes.")
-flags.DEFINE_integer("rounds", 2, "Demo processes per engine, alternating.")
-flags.DEFINE_integer("train_steps", 75, "Demo steps per process (the loops "
-                     "after the first 25 are timed).")
-flags.DEFINE_list("parts", ["step", "loop", "engines", "stock"],
-                  "What to measure.")
-flags.DEFINE_string("child", "", "Internal: measure `stock` here.")
-flags.DEFINE_integer("stock_steps", 5, "train_on_batch steps per sample.")
+
+
+def define_flags() -> None:
+  """The command's flags, defined only where it runs as a command (tests
+  import its functions beside other modules that define --data_dir)."""
+  flags.DEFINE_string("data_dir", "demo_data/tfrecords",
+                      "The demo's TFRecords.")
+  flags.DEFINE_string("output_dir", "bench_results", "Where the report goes.")
+  flags.DEFINE_integer("rounds", 2, "Demo processes per engine, alternating.")
+  flags.DEFINE_integer("train_steps", 75, "Demo steps per process (the loops "
+                       "after the first 25 are timed).")
+  flags.DEFINE_list("parts", ["step", "loop", "engines", "stock"],
+                    "What to measure.")
+  flags.DEFINE_string("child", "", "Internal: measure `stock` here.")
+  flags.DEFINE_integer("stock_steps", 5, "train_on_batch steps per sample.")
+
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The demo on each engine and TensorFlow's CPU kernels: name -> (backend,
@@ -70,7 +77,7 @@ def _environ(**extra: str) -> dict:
 
 
 def step_part() -> dict:
-  """lab/bench_gpu.py's ours and stock_layers on this CPU."""
+  """The ours and stock_layers workloads of lab/bench_gpu.py on this CPU."""
   with tempfile.TemporaryDirectory() as out:
     subprocess.run(
         [sys.executable, "-m", "lab.bench_gpu", f"--output_dir={out}",
@@ -89,7 +96,7 @@ def step_part() -> dict:
 
 
 def loop_part() -> dict:
-  """lab/bench_handoff.py's loop against step at the demo's shapes."""
+  """The loop against the step at the demo's shapes, by lab/bench_handoff.py."""
   done = subprocess.run(
       [sys.executable, "-m", "lab.bench_handoff",
        f"--data_dir={FLAGS.data_dir}", "--rounds=2"],
@@ -239,4 +246,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)
