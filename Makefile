@@ -252,7 +252,7 @@ bench-compile-cache: venv
 # Why the CPU demo trains faster on TensorFlow than on JAX: the demo through
 # main.py on TensorFlow with oneDNN's kernels and with Eigen's, and on JAX,
 # side by side; JAX's loop against its step; the project's JAX step against
-# stock keras.layers (lab/bench_engines_cpu.py, about 12 minutes).
+# stock keras.layers (lab/bench_engines_cpu.py, about 14 minutes).
 bench-engines-cpu: venv
 	test -d $(DEMO_DATA)/tfrecords || $(MAKE) demo-data
 	$(PY) -m lab.bench_engines_cpu --data_dir=$(DEMO_DATA)/tfrecords \

@@ -20,7 +20,7 @@ measured side by side in one run on this CPU:
 
   .venv/bin/python -m lab.bench_engines_cpu --data_dir=demo_data/tfrecords
 
-(`make bench-engines-cpu`; about 12 minutes on 2 cores.) Writes
+(`make bench-engines-cpu`; about 14 minutes on 2 cores.) Writes
 engines_cpu.json and engines_cpu.md to --output_dir.
 """
 import ast
