@@ -69,6 +69,16 @@ def _summary(values: list[float]) -> dict:
           "n": len(values)}
 
 
+def _by_engine(rates: dict[str, list[float]]) -> dict:
+  """Each engine's images/s summary, and the TensorFlow kernels' medians
+  against JAX's."""
+  out = {name: {"images_per_s": _summary(rates[name])} for name in ENGINES}
+  median = {name: out[name]["images_per_s"]["median"] for name in ENGINES}
+  out["ratios"] = {f"{name}_vs_jax": round(median[name] / median["jax"], 2)
+                   for name in ("tensorflow_onednn", "tensorflow_eigen")}
+  return out
+
+
 def _environ(**extra: str) -> dict:
   kept = {k: v for k, v in os.environ.items()
           if k not in ("KERAS_BACKEND", "XLA_FLAGS", "JAX_PLATFORMS",
@@ -133,16 +143,12 @@ def engines_part() -> dict:
       got, wall = demo_rates(backend, extra)
       rates[name] += got
       walls[name].append(round(wall, 1))
-  out = {name: {"images_per_s": _summary(rates[name]),
-                "wall_s": walls[name]} for name in ENGINES}
-  median = {name: out[name]["images_per_s"]["median"] for name in ENGINES}
-  out["ratios"] = {
-      "tensorflow_onednn_vs_jax": round(
-          median["tensorflow_onednn"] / median["jax"], 2),
-      "tensorflow_eigen_vs_jax": round(
-          median["tensorflow_eigen"] / median["jax"], 2),
-      "onednn_vs_eigen": round(
-          median["tensorflow_onednn"] / median["tensorflow_eigen"], 2)}
+  out = _by_engine(rates)
+  for name in ENGINES:
+    out[name]["wall_s"] = walls[name]
+  onednn, eigen = (out[name]["images_per_s"]["median"]
+                   for name in ("tensorflow_onednn", "tensorflow_eigen"))
+  out["ratios"]["onednn_vs_eigen"] = round(onednn / eigen, 2)
   return out
 
 
@@ -182,14 +188,7 @@ def stock_part() -> dict:
           capture_output=True, text=True, check=True)
       line = done.stdout.strip().splitlines()[-1]
       rates[name] += json.loads(line)
-  out = {name: {"images_per_s": _summary(rates[name])} for name in ENGINES}
-  median = {name: out[name]["images_per_s"]["median"] for name in ENGINES}
-  out["ratios"] = {
-      "tensorflow_onednn_vs_jax": round(
-          median["tensorflow_onednn"] / median["jax"], 2),
-      "tensorflow_eigen_vs_jax": round(
-          median["tensorflow_eigen"] / median["jax"], 2)}
-  return out
+  return _by_engine(rates)
 
 
 def markdown(report: dict) -> str:
