@@ -27,12 +27,12 @@ import tensorflow as tf  # noqa: E402
 
 from resnet_tpu.model.distributed_batch_norm import (  # noqa: E402
     DistributedBatchNormalization)
-from resnet_tpu.optim import optimizers_tf  # noqa: E402
+from resnet_tpu.optim.tensorflow import optimizers as optimizers_tf  # noqa
 from resnet_tpu.runtime import host_memory  # noqa: E402
 from resnet_tpu.inputs import input_pipeline  # noqa: E402
 from resnet_tpu import preflight  # noqa: E402
 from resnet_tpu.config import TrainConfig  # noqa: E402
-from resnet_tpu.parallel.strategy import configure_cpu_replicas  # noqa: E402
+from resnet_tpu.parallel.tensorflow import strategy as strategy_lib  # noqa
 from resnet_tpu.engines.tensorflow.engine import TensorFlowEngine  # noqa: E402
 from tools import bench_common  # noqa: E402
 
@@ -129,7 +129,8 @@ def main(argv: list[str]) -> None:
   if FLAGS.tiny:
     setup.update(image_size=32, per_replica=1, steps=1, repetitions=1,
                  smoke_net=True)
-  strategy = tf.distribute.MirroredStrategy(configure_cpu_replicas(REPLICAS))
+  strategy = tf.distribute.MirroredStrategy(
+      strategy_lib.configure_cpu_replicas(REPLICAS))
   host_memory.keep_freed_memory()  # as run.py does for every training run
   model_fn = bench_common.small_convnet if setup["smoke_net"] else None
   timer = lambda g, tag="": step_timer(

@@ -219,8 +219,10 @@ def virtual_replicas_step(train_step, replicas: int, group_size: int = 1):
   feature-grouped convolutions, slow on cuDNN (jax-ml/jax#13800; issue 60).
   Without loss scaling (float16) only."""
   import jax  # pylint: disable=g-import-not-at-top
-  from resnet_tpu.parallel.bn_all_reduce_jax import GROUPS_AXIS  # pylint: disable=g-import-not-at-top
-  from resnet_tpu.parallel.bn_all_reduce_jax import IN_GROUP_AXIS  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from resnet_tpu.parallel.jax.bn_all_reduce import GROUPS_AXIS
+  # pylint: disable-next=g-import-not-at-top
+  from resnet_tpu.parallel.jax.bn_all_reduce import IN_GROUP_AXIS
   from resnet_tpu.engines.jax.state import TrainState  # pylint: disable=g-import-not-at-top
   if train_step.loss_scale:
     raise ValueError("virtual replicas take no loss scale (float16)")
@@ -271,7 +273,8 @@ def run_keras(workload: str) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from resnet_tpu.optim.optimizers import build_optimizer  # pylint: disable=g-import-not-at-top
-  from resnet_tpu.parallel.bn_all_reduce_jax import build_mesh  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from resnet_tpu.parallel.jax.bn_all_reduce import build_mesh
   from resnet_tpu.engines.jax.step import JaxTrainStep  # pylint: disable=g-import-not-at-top
   model = _keras_model(workload)
   optimizer = build_optimizer("momentum", LEARNING_RATE, momentum=MOMENTUM)

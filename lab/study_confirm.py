@@ -17,7 +17,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from resnet_tpu.parallel.strategy import configure_cpu_replicas
+from resnet_tpu.parallel.tensorflow.strategy import configure_cpu_replicas
 from lab import confirm_plan
 from lab import study
 from lab import study_data

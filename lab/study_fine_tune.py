@@ -31,7 +31,7 @@ from lab import study_data
 from lab import study_model
 from lab import study_verdict
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.parallel.strategy import configure_cpu_replicas
+from resnet_tpu.parallel.tensorflow.strategy import configure_cpu_replicas
 from resnet_tpu.run import run
 from resnet_tpu.runtime import compat
 from resnet_tpu.train.metrics_log import read_metrics

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import cpu_strategy
-from resnet_tpu.parallel import bn_all_reduce
+from resnet_tpu.parallel.tensorflow import bn_all_reduce
 from tools import accelerator_rows
 from tools import accelerator_report
 from simulated_slices import simulated_topology

@@ -24,7 +24,7 @@ from resnet_tpu.engines.tensorflow import engine as engine_lib
 from resnet_tpu.config import ConfigError
 from resnet_tpu.config import InputConfig
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.parallel.strategy import Distribution
+from resnet_tpu.parallel.tensorflow.strategy import Distribution
 from resnet_tpu.train.metrics_log import read_metrics
 from test_input_pipeline import imagenet_to_gcs_record
 from test_resume_exact import write_random_split

@@ -11,7 +11,7 @@ from collective_helpers import op_counts as _op_counts
 from collective_helpers import per_replica as _per_replica
 from collective_helpers import TIMEOUT_S
 from conftest import cpu_strategy
-from resnet_tpu.parallel import bn_all_reduce
+from resnet_tpu.parallel.tensorflow import bn_all_reduce
 from resnet_tpu.model.distributed_batch_norm import DistributedBatchNormalization
 
 REPLICAS = 8

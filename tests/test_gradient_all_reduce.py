@@ -16,7 +16,7 @@ from collective_helpers import op_counts as _op_counts
 from collective_helpers import per_replica as _per_replica
 from collective_helpers import TIMEOUT_S
 from conftest import cpu_strategy
-from resnet_tpu.parallel import gradient_all_reduce
+from resnet_tpu.parallel.tensorflow import gradient_all_reduce
 from resnet_tpu.config import ConfigError
 from resnet_tpu.config import parse_grid
 from resnet_tpu.optim.optimizers import build_optimizer

@@ -127,10 +127,10 @@ def test_paper_map_modules_cite_their_section():
 
 
 def test_each_of_ying_sections_3_1_to_3_3_has_one_home():
-  for section, module in (("§3.1", "resnet_tpu/parallel/bn_all_reduce.py"),
-                          ("§3.2", "resnet_tpu/inputs/input_pipeline.py"),
-                          ("§3.3",
-                           "resnet_tpu/parallel/gradient_all_reduce.py")):
+  for section, module in (
+      ("§3.1", "resnet_tpu/parallel/tensorflow/bn_all_reduce.py"),
+      ("§3.2", "resnet_tpu/inputs/input_pipeline.py"),
+      ("§3.3", "resnet_tpu/parallel/tensorflow/gradient_all_reduce.py")):
     assert f"| Ying {section} |" in _section("Paper map")
     assert f"`{module}`" in _section("Paper map")
     assert section in _docstring(module).splitlines()[0], module

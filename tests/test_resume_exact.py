@@ -19,7 +19,7 @@ from conftest import cpu_strategy
 from resnet_tpu.train import preemption
 from resnet_tpu import run as run_lib
 from resnet_tpu.config import TrainConfig
-from resnet_tpu.parallel.strategy import Distribution
+from resnet_tpu.parallel.tensorflow.strategy import Distribution
 from resnet_tpu.train.metrics_log import read_metrics
 from test_input_pipeline import imagenet_to_gcs_record
 from tiny_model import tiny_resnet

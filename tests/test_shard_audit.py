@@ -19,7 +19,7 @@ from resnet_tpu.inputs import shard_audit
 from resnet_tpu.config import InputConfig
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.train.metrics_log import read_metrics
-from resnet_tpu.parallel.strategy import Distribution
+from resnet_tpu.parallel.tensorflow.strategy import Distribution
 from tiny_model import tiny_resnet
 
 PER_FILE = 6

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from resnet_tpu.parallel import bn_all_reduce
-from resnet_tpu.parallel import strategy as strategy_lib
+from resnet_tpu.parallel.tensorflow import bn_all_reduce
+from resnet_tpu.parallel.tensorflow import strategy as strategy_lib
 from resnet_tpu.config import TPU_DEVICE_ASSIGNMENTS
 from resnet_tpu.parallel import tpu_layout
 from simulated_slices import simulated_topology

@@ -18,9 +18,9 @@ import time
 import pytest
 import tensorflow as tf
 
-from resnet_tpu.parallel import bn_all_reduce
+from resnet_tpu.parallel.tensorflow import bn_all_reduce
 from resnet_tpu.runtime import device_check
-from resnet_tpu.parallel import strategy as strategy_lib
+from resnet_tpu.parallel.tensorflow import strategy as strategy_lib
 from resnet_tpu.config import ConfigError
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.engines.tensorflow.engine import TensorFlowEngine

@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import cpu_strategy
-from resnet_tpu.parallel import bn_all_reduce
+from resnet_tpu.parallel.tensorflow import bn_all_reduce
 from tools import xla_compile
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.engines.tensorflow.engine import TensorFlowEngine

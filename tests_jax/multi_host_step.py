@@ -46,7 +46,7 @@ def main(out_dir: str, num_processes: int, process_id: int, port: int,
   import keras
   import engine_cases as cases
   from resnet_tpu.optim.optimizers import build_optimizer
-  from resnet_tpu.parallel.bn_all_reduce_jax import build_mesh
+  from resnet_tpu.parallel.jax.bn_all_reduce import build_mesh
   from resnet_tpu.engines.jax import step as jax_step
   from tiny_model import tiny_resnet
   # pylint: enable=g-import-not-at-top

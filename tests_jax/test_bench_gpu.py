@@ -29,7 +29,7 @@ import engine_cases as cases
 from lab import bench_gpu
 from lab import bench_gpu_loop
 from resnet_tpu.optim.optimizers import build_optimizer
-from resnet_tpu.parallel.bn_all_reduce_jax import build_mesh
+from resnet_tpu.parallel.jax.bn_all_reduce import build_mesh
 from resnet_tpu.engines.jax.step import JaxTrainStep
 from resnet_tpu.engines.jax.state import LossConfig
 

@@ -21,9 +21,9 @@ import pytest
 from resnet_tpu.config import ModelConfig
 from resnet_tpu.model.resnet import build_model
 from resnet_tpu.optim.optimizers import build_optimizer
-from resnet_tpu.parallel.bn_all_reduce_jax import build_mesh
-from resnet_tpu.parallel.bn_all_reduce_jax import GROUPS_AXIS
-from resnet_tpu.parallel.bn_all_reduce_jax import IN_GROUP_AXIS
+from resnet_tpu.parallel.jax.bn_all_reduce import build_mesh
+from resnet_tpu.parallel.jax.bn_all_reduce import GROUPS_AXIS
+from resnet_tpu.parallel.jax.bn_all_reduce import IN_GROUP_AXIS
 from resnet_tpu.engines.jax.step import JaxTrainStep
 from resnet_tpu.engines.jax.state import LossConfig
 

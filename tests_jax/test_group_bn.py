@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from resnet_tpu.model.distributed_batch_norm import DistributedBatchNormalization
-from resnet_tpu.parallel.bn_all_reduce_jax import build_mesh
-from resnet_tpu.parallel.bn_all_reduce_jax import REPLICA_AXES
+from resnet_tpu.parallel.jax.bn_all_reduce import build_mesh
+from resnet_tpu.parallel.jax.bn_all_reduce import REPLICA_AXES
 
 REPLICAS = 8
 PER_REPLICA = 2

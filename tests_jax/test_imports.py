@@ -17,13 +17,14 @@ ENGINE_NEUTRAL = (
     "resnet_tpu.model.keras_weights", "resnet_tpu.optim.optimizers",
     "resnet_tpu.optim.lars", "resnet_tpu.optim.rmsprop_warmup",
     "resnet_tpu.optim.schedules", "resnet_tpu.engines.jax.step",
-    "resnet_tpu.parallel.bn_all_reduce_jax",
+    "resnet_tpu.parallel.jax.bn_all_reduce",
     "resnet_tpu.engines.jax.processes", "lab.bench_gpu")
 # Modules that belong to TensorFlow's engine.
-TF_MODULES = ("tensorflow", "tf_keras", "resnet_tpu.model.batch_norm_tf",
-              "resnet_tpu.optim.optimizers_tf",
-              "resnet_tpu.parallel.bn_all_reduce",
-              "resnet_tpu.parallel.gradient_all_reduce",
+TF_MODULES = ("tensorflow", "tf_keras",
+              "resnet_tpu.model.tensorflow.batch_norm",
+              "resnet_tpu.optim.tensorflow.optimizers",
+              "resnet_tpu.parallel.tensorflow.bn_all_reduce",
+              "resnet_tpu.parallel.tensorflow.gradient_all_reduce",
               "resnet_tpu.runtime.compat")
 
 PROBE = """

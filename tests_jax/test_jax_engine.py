@@ -34,7 +34,7 @@ from resnet_tpu import files
 from resnet_tpu.config import TrainConfig
 from resnet_tpu.optim.optimizers import build_optimizer
 from resnet_tpu.model.resnet import build_model
-from resnet_tpu.parallel.bn_all_reduce_jax import build_mesh
+from resnet_tpu.parallel.jax.bn_all_reduce import build_mesh
 from resnet_tpu.engines.jax import step as jax_step
 from resnet_tpu.train import loop_report
 from resnet_tpu.train.checkpoints import storage

@@ -9,7 +9,7 @@ from resnet_tpu.model.distributed_batch_norm import DistributedBatchNormalizatio
 from resnet_tpu.model.resnet import build_model
 from resnet_tpu.model.resnet import dtype_policy
 from resnet_tpu.optim.optimizers import build_optimizer
-from resnet_tpu.parallel.bn_all_reduce_jax import build_mesh
+from resnet_tpu.parallel.jax.bn_all_reduce import build_mesh
 from resnet_tpu.engines.jax.step import JaxTrainStep
 from resnet_tpu.engines.jax.state import LossConfig
 

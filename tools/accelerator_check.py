@@ -75,7 +75,7 @@ def main(argv: list[str]) -> None:
   import tensorflow as tf
   from resnet_tpu.runtime import device_check
   from resnet_tpu.config import DistributionConfig
-  from resnet_tpu.parallel.strategy import create_strategy
+  from resnet_tpu.parallel.tensorflow.strategy import create_strategy
   from tools import accelerator_report
   # pylint: enable=g-import-not-at-top
   tf.get_logger().setLevel("WARNING")

@@ -2,7 +2,7 @@
 
 Ying et al. 2018 §3.1 sum BN statistics over groups of replicas. On 8
 virtual CPU replicas, BN groups of 4, this times two implementations of
-resnet_tpu.parallel.bn_all_reduce.group_all_reduce (`--bn_all_reduce`):
+parallel/tensorflow/bn_all_reduce.group_all_reduce (`--bn_all_reduce`):
 
   collective: one CollectiveReduceV2 per group (cost ~ the group);
   masked:     a full all-reduce of an [N/g, size] one-hot buffer.
@@ -34,8 +34,8 @@ from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from resnet_tpu.parallel import bn_all_reduce  # noqa: E402
-from resnet_tpu.parallel import strategy as strategy_lib  # noqa: E402
+from resnet_tpu.parallel.tensorflow import bn_all_reduce  # noqa: E402
+from resnet_tpu.parallel.tensorflow import strategy as strategy_lib  # noqa
 from resnet_tpu.model.distributed_batch_norm import (  # noqa: E402
     DistributedBatchNormalization)
 from tools import bench_common  # noqa: E402

@@ -43,7 +43,7 @@ import tensorflow as tf  # noqa: E402
 from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: E402
 
 from resnet_tpu.runtime import host_memory  # noqa: E402
-from resnet_tpu.parallel.strategy import configure_cpu_replicas  # noqa: E402
+from resnet_tpu.parallel.tensorflow import strategy as strategy_lib  # noqa
 from lab import bench_bn_groups  # noqa: E402
 from tools import bench_common  # noqa: E402
 from lab import bench_train  # noqa: E402
@@ -219,7 +219,7 @@ def main(argv: list[str]) -> None:
   strategy = None
   if any(n in BN_GROUP_WORKLOADS for n in names):
     strategy = tf.distribute.MirroredStrategy(
-        configure_cpu_replicas(bench_bn_groups.REPLICAS))
+        strategy_lib.configure_cpu_replicas(bench_bn_groups.REPLICAS))
   host_memory.keep_freed_memory()  # as run.py does for every training run
   tmp = tempfile.mkdtemp(prefix="op_profile_")
   steps = {n: build_step(n, FLAGS.precision, FLAGS.tiny, tmp, strategy)

@@ -10,9 +10,9 @@ BN; group_size 1 is ordinary local BN.
 
 The layer is written in keras.ops; two things come from the engine's own
 module (Keras picks one engine per process):
-- the group sum: batch_norm_tf.py (tf.distribute's replica context,
-  parallel/bn_all_reduce.py) or batch_norm_jax.py (a psum over the device
-  mesh's BN axis, parallel/bn_all_reduce_jax.py);
+- the group sum: model/tensorflow/batch_norm.py (tf.distribute's replica
+  context, parallel/tensorflow/bn_all_reduce.py) or model/jax/batch_norm.py
+  (a psum over the device mesh's BN axis, parallel/jax/bn_all_reduce.py);
 - on TensorFlow, fused kernels for the training call (FusedBatchNormV3 and
   a hand-written group gradient). On JAX, XLA fuses the keras.ops form.
 
@@ -33,9 +33,9 @@ from resnet_tpu.model.batch_statistics import local_sums
 from resnet_tpu.model.batch_statistics import moments_from_sums
 
 if keras.backend.backend() == "tensorflow":
-  from resnet_tpu.model import batch_norm_tf as engine
+  from resnet_tpu.model.tensorflow import batch_norm as engine
 elif keras.backend.backend() == "jax":
-  from resnet_tpu.model import batch_norm_jax as engine
+  from resnet_tpu.model.jax import batch_norm as engine
 else:
   raise ImportError("resnet_tpu runs on Keras's tensorflow or jax backend "
                     f"(KERAS_BACKEND), not {keras.backend.backend()!r}.")
@@ -74,7 +74,7 @@ class DistributedBatchNormalization(keras.layers.BatchNormalization):
     collective_timeout_s: fail a group all-reduce that waits longer (0 =
     never); groups: the BN groups when they are not the default ranges (the
     TPU tiles of topology.py). The last three are TensorFlow's: on JAX the
-    groups are the device mesh's (parallel/bn_all_reduce_jax.py)."""
+    groups are the device mesh's (parallel/jax/bn_all_reduce.py)."""
     if group_size < 1:
       raise ValueError(f"group_size must be >= 1, got {group_size}.")
     if kwargs.get("renorm") or kwargs.get("synchronized"):

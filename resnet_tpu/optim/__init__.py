@@ -2,6 +2,6 @@
 
 Every schedule is a function of the epoch (the TF-free clock.py), so a
 batch-size schedule (Mikami et al. 2018) keeps its shape in epochs. Written
-in keras.ops for TensorFlow and JAX; optimizers_tf.py and optimizers_jax.py
-are how each engine's replicas meet an optimizer.
+in keras.ops for TensorFlow and JAX; tensorflow/ and jax/ hold how each
+engine's replicas meet an optimizer.
 """

@@ -14,8 +14,9 @@ part of the update for LARS (see `weight_decay_in_loss`): the trainer must
 add L2 to the loss exactly when that function says so.
 
 The optimizers are Keras optimizers written in keras.ops. How they meet the
-replicas is the engine's (optimizers_tf.py: replica-local step counter and
-gradient all-reduce; optimizers_jax.py: the step's psum sums gradients).
+replicas is the engine's (optim/tensorflow/optimizers.py: replica-local step
+counter and gradient all-reduce; optim/jax/optimizers.py: the step's psum
+sums gradients).
 """
 from typing import Optional, Sequence
 
@@ -23,9 +24,9 @@ from absl import logging
 import keras
 
 if keras.backend.backend() == "tensorflow":
-  from resnet_tpu.optim import optimizers_tf as engine
+  from resnet_tpu.optim.tensorflow import optimizers as engine
 elif keras.backend.backend() == "jax":
-  from resnet_tpu.optim import optimizers_jax as engine
+  from resnet_tpu.optim.jax import optimizers as engine
 else:
   raise ImportError("resnet_tpu runs on Keras's tensorflow or jax backend "
                     f"(KERAS_BACKEND), not {keras.backend.backend()!r}.")

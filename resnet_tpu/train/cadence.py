@@ -91,7 +91,8 @@ class SaveTimer:
 
   def due(self, any_worker: Callable[[bool], bool]) -> bool:
     """Whether any worker's interval has passed: call on every worker;
-    `any_worker` ORs a flag over them (parallel/strategy.any_worker)."""
+    `any_worker` ORs a flag over them (parallel/tensorflow/strategy.py's
+    any_worker)."""
     if not self._seconds:
       return False  # the same flag on every worker: no all-reduce needed
     return any_worker(self.due_here())

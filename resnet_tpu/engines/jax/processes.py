@@ -3,7 +3,7 @@
 Each process drives its own devices and feeds them its share of every
 global batch; the step's collectives span all of them (engines/jax/step.py).
 What TensorFlow's MultiWorkerMirroredStrategy agrees with small all-reduces
-(parallel/strategy.any_worker for SIGTERM and the checkpoint clock,
+(parallel/tensorflow/strategy.any_worker for SIGTERM and the checkpoint clock,
 tf_files.check_workers_agree), a JAX run agrees here, with one
 allgather of a few integers across the processes, as big_vision and flax
 do with jax.experimental.multihost_utils. With one process nothing is

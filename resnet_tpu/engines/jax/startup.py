@@ -2,7 +2,7 @@
 engine over a device mesh, and the input as numpy batches.
 
 The devices are JAX's (`jax.devices()`, one replica each, BN groups as rows
-of the mesh: parallel/bn_all_reduce_jax.py). --strategy=multi_worker runs
+of the mesh: parallel/jax/bn_all_reduce.py). --strategy=multi_worker runs
 one such process per host (jax.distributed: processes.py); each reads its
 own share of the data, and process 0 writes the files. Where TensorFlow is
 installed beside JAX, the TFRecord input is tf.data (host_batches.py) and
@@ -29,8 +29,8 @@ from resnet_tpu.engines.jax import processes
 from resnet_tpu.engines.jax.engine import Batches
 from resnet_tpu.engines.jax.engine import JaxEngine
 from resnet_tpu.inputs import synthetic
-from resnet_tpu.parallel.bn_all_reduce_jax import build_mesh
-from resnet_tpu.parallel.bn_all_reduce_jax import replica_groups
+from resnet_tpu.parallel.jax.bn_all_reduce import build_mesh
+from resnet_tpu.parallel.jax.bn_all_reduce import replica_groups
 from resnet_tpu.train.engine import ModelFn
 
 if TYPE_CHECKING:

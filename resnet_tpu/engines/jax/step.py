@@ -6,7 +6,7 @@ Every device is one replica and takes `global_batch / N` images. Under
 `shard_map` each replica runs the Keras model statelessly, computes its loss
 scaled by the GLOBAL batch (plus the L2 term over N, as TensorFlow's
 ReplicaStep) and differentiates it; its BN layers sum their statistics over
-their group with a psum (parallel/bn_all_reduce_jax.py). Then ONE psum over
+their group with a psum (parallel/jax/bn_all_reduce.py). Then ONE psum over
 all replicas carries, as one variadic all-reduce:
 - every gradient, summed (the optimizer then updates each replica's copy of
   the weights identically);
@@ -61,7 +61,7 @@ from resnet_tpu.model.batch_statistics import moments_from_sums
 from resnet_tpu.model.distributed_batch_norm import collect_statistics
 from resnet_tpu.model.distributed_batch_norm import (
     DistributedBatchNormalization)
-from resnet_tpu.parallel.bn_all_reduce_jax import REPLICA_AXES
+from resnet_tpu.parallel.jax.bn_all_reduce import REPLICA_AXES
 from resnet_tpu.train.loss import losses_and_hits
 from resnet_tpu.train.loss_scaling import next_scale
 

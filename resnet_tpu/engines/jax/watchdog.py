@@ -1,13 +1,13 @@
 """A bound on how long a multi-host run may wait without making progress.
 
 TensorFlow bounds each multi-worker collective itself (--collective_timeout_s
-becomes the collectives' timeout: parallel/strategy.py), and a collective
-that waits longer fails; the trainer turns that into exit 43. A JAX step's
-collectives (gloo on CPU, NCCL on GPU, the TPU's interconnect) take no
+becomes the collectives' timeout: parallel/tensorflow/strategy.py), and a
+collective that waits longer fails; the trainer turns that into exit 43. A JAX
+step's collectives (gloo on CPU, NCCL on GPU, the TPU's interconnect) take no
 timeout: behind a peer that hangs while alive, the host waits in C++, where
 Python cannot raise. This watchdog, a thread, ends the process instead when
-the trainer reports no progress (a host loop, an agreement, a checkpoint or
-an eval finished) for `timeout_s`.
+the trainer reports no progress (a host loop, an agreement, a checkpoint or an
+eval finished) for `timeout_s`.
 """
 import threading
 import time

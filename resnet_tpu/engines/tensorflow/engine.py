@@ -5,7 +5,7 @@ The step math is step.py, the host loops host_loops.py (Ying et al. 2018:
 many steps per host call), the checkpoints train/checkpoints/tf_files.py; the
 loop's policy (cadence, records, stops) is train/loop.py, which this engine
 serves (train/engine.py). Workers agree through one all-reduce per flag
-(parallel/strategy.any_worker).
+(parallel/tensorflow/strategy.any_worker).
 """
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ from resnet_tpu.inputs.input_pipeline import DatasetFn
 from resnet_tpu.inputs.shard_audit import DataFaults
 from resnet_tpu.model.resnet import build_model
 from resnet_tpu.optim.optimizers import build_optimizer_from_config
-from resnet_tpu.parallel.strategy import any_worker
-from resnet_tpu.parallel.strategy import is_chief
-from resnet_tpu.parallel.strategy import PEER_ERRORS
+from resnet_tpu.parallel.tensorflow.strategy import any_worker
+from resnet_tpu.parallel.tensorflow.strategy import is_chief
+from resnet_tpu.parallel.tensorflow.strategy import PEER_ERRORS
 from resnet_tpu.train import loop
 from resnet_tpu.train.checkpoints.tf_files import check_workers_agree
 from resnet_tpu.train.checkpoints.tf_files import Checkpoints

@@ -4,7 +4,7 @@ tf.distribute strategy, the engine, and the input as tf.data datasets.
 The strategy kind was decided before TensorFlow loaded (main.py,
 runtime/process_setup.py); here the virtual CPU replicas are made before
 anything starts TensorFlow's runtime, and the strategy is built after the
-pre-flight (parallel/strategy.py).
+pre-flight (parallel/tensorflow/strategy.py).
 """
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from resnet_tpu.engines.tensorflow.engine import EvalInput
 from resnet_tpu.engines.tensorflow.engine import TensorFlowEngine
 from resnet_tpu.engines.tensorflow.engine import TrainInput
 from resnet_tpu.inputs import input_pipeline
-from resnet_tpu.parallel.strategy import configure_cpu_replicas
-from resnet_tpu.parallel.strategy import create_strategy
-from resnet_tpu.parallel.strategy import Distribution
+from resnet_tpu.parallel.tensorflow.strategy import configure_cpu_replicas
+from resnet_tpu.parallel.tensorflow.strategy import create_strategy
+from resnet_tpu.parallel.tensorflow.strategy import Distribution
 from resnet_tpu.runtime import device_check
 from resnet_tpu.runtime import host_memory
 from resnet_tpu.runtime import process_setup

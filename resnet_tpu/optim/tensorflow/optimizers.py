@@ -6,7 +6,7 @@ from typing import Iterator, Optional
 import keras
 import tensorflow as tf
 
-from resnet_tpu.parallel import gradient_all_reduce
+from resnet_tpu.parallel.tensorflow import gradient_all_reduce
 
 # The name Keras 3 gives an optimizer's step counter (base_optimizer.py).
 STEP_COUNTER_NAME = "iteration"

@@ -1,16 +1,16 @@
 """Distributed BN's TensorFlow piece: the group sum and fused kernels.
 
-The group sum is tf.distribute's (parallel/bn_all_reduce.py: TPUStrategy,
-Mirrored and multi-worker). In training, group_size 1 runs one local
-FusedBatchNormV3; larger groups normalise with the fused kernels on the
-group's statistics and a hand-written gradient that all-reduces the sums of
-dy and dy * x_hat in the group (on TPU XLA fuses either form). Calls the
-fused kernels cannot take go through Keras's path with the layer's group
-moments (distributed_batch_norm.py).
+The group sum is tf.distribute's (parallel/tensorflow/bn_all_reduce.py:
+TPUStrategy, Mirrored and multi-worker). In training, group_size 1 runs one
+local FusedBatchNormV3; larger groups normalise with the fused kernels on the
+group's statistics and a hand-written gradient that all-reduces the sums of dy
+and dy * x_hat in the group (on TPU XLA fuses either form). Calls the fused
+kernels cannot take go through Keras's path with the layer's group moments
+(distributed_batch_norm.py).
 """
 import tensorflow as tf
 
-from resnet_tpu.parallel import bn_all_reduce
+from resnet_tpu.parallel.tensorflow import bn_all_reduce
 from resnet_tpu.model.batch_statistics import local_sums
 from resnet_tpu.model.batch_statistics import moments_from_sums
 

@@ -2,7 +2,7 @@
 (engines/jax/step.py) sums gradients over the device mesh with one psum before
 the update, and XLA chooses the all-reduce's algorithm, so the explicit
 algorithms of --gradient_all_reduce (Ying et al. §3.3, Mikami et al.'s 2-D
-torus; parallel/gradient_all_reduce.py) are TensorFlow's alone."""
+torus; parallel/tensorflow/gradient_all_reduce.py) are TensorFlow's alone."""
 import contextlib
 from typing import Optional
 
