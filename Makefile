@@ -58,8 +58,7 @@ lint: $(LINT_VENV)/.installed
 
 # The suite runs in TEST_WORKERS processes (pytest-xdist; 0: in pytest's
 # own process), a test file per process at a time, so module fixtures are
-# built once; the heaviest files first, so both end together
-# (tests/suite_order.py). Two keep a 2-core machine busy: tracing is single-threaded.
+# built once. Two keep a 2-core machine busy: tracing is single-threaded.
 TEST_WORKERS ?= 2
 
 # Both engines: TensorFlow's suite (tests/), then JAX's (tests_jax/).
@@ -80,8 +79,7 @@ free-space-ci:
 	@$(PYTHON) tests/free_space.py $(SCRATCH_GB) $(CI_ENV_GB)
 
 test-tf: venv
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile \
-	    --no-loadscope-reorder --durations=15
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 # The JAX engine's suite (tests_jax/) in its own pytest process, on 8
 # virtual CPU devices (tests_jax/conftest.py), in the same .venv: the JAX
@@ -99,7 +97,7 @@ else
 	$(PY) -c "import jax, keras; print('JAX', jax.__version__, 'Keras', \
 	    keras.__version__)"
 	TF_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q -n $(TEST_WORKERS) \
-	    --dist loadfile --no-loadscope-reorder --durations=10 tests_jax
+	    --dist loadfile --durations=10 tests_jax
 endif
 
 # requirements/constraints/test-py<X.Y>.txt: everything make test's .venv
@@ -112,8 +110,8 @@ constraints: venv
 # The lab's runs at their tiniest settings (tests/lab): benchmarks, studies,
 # the all-reduce model and the profilers. `make test` runs one smoke each.
 test-lab: venv
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile \
-	    --no-loadscope-reorder --durations=15 tests/lab
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15 \
+	    tests/lab
 
 # The suite's TPU-build half on the wheel TPU users install: exactly
 # requirements/tpu-vm-tensorflow.txt (tensorflow-tpu 2.19.1, libtpu 0.0.10,
@@ -147,7 +145,7 @@ $(TPU_VENV)/.installed: requirements/tpu-vm-tensorflow.txt \
 test-tpu-build: $(TPU_VENV)/.installed
 	$(TPU_PY) -m pip list 2>/dev/null | grep -E '^(tensorflow(-tpu|-cpu)?|libtpu|keras) '
 	env $(TPU_ENV) $(OFFLINE) $(TPU_PY) -m pytest -q -n $(TEST_WORKERS) \
-	    --dist loadfile --no-loadscope-reorder --durations=10 $(TPU_BUILD_TESTS)
+	    --dist loadfile --durations=10 $(TPU_BUILD_TESTS)
 
 # pip resolves every install set (requirements/wheel_metadata.py
 # INSTALL_SETS: what a CPU, TPU VM or GPU host installs for each engine, and

@@ -15,7 +15,6 @@ process_setup.apply_cpu_kernel_choice("auto", "cpu")
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from resnet_tpu.runtime import compat  # noqa: E402
-import suite_order  # noqa: E402
 
 # 16 for the 4x4 replica grid of the 2-D gradient all-reduce tests; idle
 # virtual devices cost no measurable test time.
@@ -24,17 +23,6 @@ NUM_VIRTUAL_CPUS = 16
 _cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(
     _cpu, [tf.config.LogicalDeviceConfiguration()] * NUM_VIRTUAL_CPUS)
-
-
-# Files of over 60 s of tests, heaviest first (suite_order.py; seconds
-# measured on 2 cores: 349, 136, 93, 83, 80, 63, 61).
-HEAVIEST = ("test_demo_on_both_engines.py", "test_accelerator_check.py",
-            "test_flagfiles.py", "test_multi_worker_failure.py",
-            "test_float16.py", "test_main.py", "test_multi_worker.py")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-  suite_order.heaviest_first(items, HEAVIEST)
 
 
 def cpu_strategy(num_replicas: int) -> tf.distribute.MirroredStrategy:

@@ -23,18 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The helpers both suites share (tests/main_runs.py: main.py as a user
 # starts it; tests/damaged_shards.py).
 sys.path.insert(1, os.path.join(ROOT, "tests"))
-import suite_order  # noqa: E402
-
 TF_REFERENCE_TIMEOUT_S = 900
-# Files of over 60 s of tests, heaviest first (tests/suite_order.py;
-# seconds measured on 2 cores: 374, 352, 197, 155, 131, 127, 92).
-HEAVIEST = ("test_multi_host.py", "test_engines.py", "test_jax_engine.py",
-            "test_bench_gpu.py", "test_multi_host_failure.py",
-            "test_without_tensorflow.py", "test_training.py")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-  suite_order.heaviest_first(items, HEAVIEST)
 
 
 def tf_python() -> str:
