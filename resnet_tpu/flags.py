@@ -221,7 +221,8 @@ HELP = {
                                  "here, so that a restarted run loads "
                                  "them instead of compiling again (JAX's "
                                  "persistent compilation cache). auto = "
-                                 "<model_dir>/jax_compilation_cache, or "
+                                 "$JAX_COMPILATION_CACHE_DIR where set, "
+                                 "else <model_dir>/jax_compilation_cache, or "
                                  "~/.cache/resnet_tpu/jax_compilation_cache "
                                  "(under $XDG_CACHE_HOME if set) for a "
                                  "gs:// model_dir; '' = off.",

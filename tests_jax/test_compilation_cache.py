@@ -17,12 +17,25 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_auto_is_in_a_local_model_dir_else_the_users_cache(monkeypatch):
+  monkeypatch.delenv(startup.JAX_CACHE_ENV, raising=False)
   local = TrainConfig("/runs/a")
   assert startup.compilation_cache_dir(local) == (
       "/runs/a/jax_compilation_cache")
   monkeypatch.setenv("XDG_CACHE_HOME", "/home/u/.cache")
   assert startup.compilation_cache_dir(TrainConfig("gs://bucket/a")) == (
       "/home/u/.cache/resnet_tpu/jax_compilation_cache")
+  assert startup.compilation_cache_dir(local.replace(
+      jax_compilation_cache_dir="/cache")) == "/cache"
+  assert startup.compilation_cache_dir(local.replace(
+      jax_compilation_cache_dir="")) == ""
+
+
+def test_auto_is_jaxs_own_setting_where_the_user_made_one(monkeypatch):
+  monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/shared/cache")
+  local = TrainConfig("/runs/a")
+  assert startup.compilation_cache_dir(local) == "/shared/cache"
+  assert startup.compilation_cache_dir(TrainConfig("gs://bucket/a")) == (
+      "/shared/cache")
   assert startup.compilation_cache_dir(local.replace(
       jax_compilation_cache_dir="/cache")) == "/cache"
   assert startup.compilation_cache_dir(local.replace(

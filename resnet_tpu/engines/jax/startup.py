@@ -55,8 +55,10 @@ def start(cfg: TrainConfig, distribution: None = None
   return cfg, devices
 
 
-# --jax_compilation_cache_dir=auto's folder, in the model_dir or, for a
-# model_dir on another file system, in the user's cache folder.
+# --jax_compilation_cache_dir=auto's folder: JAX's own setting where the
+# user made one, else in the model_dir or, for a model_dir on another file
+# system, in the user's cache folder.
+JAX_CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
 CACHE_FOLDER = "jax_compilation_cache"
 # Only what takes longer to compile is kept: the steps, the evaluation and
 # Keras's weight initialisers (a restart runs them again), not eager
@@ -69,6 +71,8 @@ def compilation_cache_dir(cfg: TrainConfig) -> str:
   path = cfg.run.jax_compilation_cache_dir
   if path != "auto":
     return path
+  if os.environ.get(JAX_CACHE_ENV):
+    return os.environ[JAX_CACHE_ENV]
   if not files.is_remote(cfg.model_dir):
     return os.path.join(cfg.model_dir, CACHE_FOLDER)
   user = os.environ.get("XDG_CACHE_HOME") or os.path.join(
