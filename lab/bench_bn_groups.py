@@ -27,12 +27,14 @@ import tensorflow as tf  # noqa: E402
 
 from resnet_tpu.model.distributed_batch_norm import (  # noqa: E402
     DistributedBatchNormalization)
-from resnet_tpu.optim.tensorflow import optimizers as optimizers_tf  # noqa
+from resnet_tpu.optim.tensorflow import (  # noqa: E402
+    optimizers as optimizers_tf)
 from resnet_tpu.runtime import host_memory  # noqa: E402
 from resnet_tpu.inputs import input_pipeline  # noqa: E402
 from resnet_tpu import preflight  # noqa: E402
 from resnet_tpu.config import TrainConfig  # noqa: E402
-from resnet_tpu.parallel.tensorflow import strategy as strategy_lib  # noqa
+from resnet_tpu.parallel.tensorflow import (  # noqa: E402
+    strategy as strategy_lib)
 from resnet_tpu.engines.tensorflow.engine import TensorFlowEngine  # noqa: E402
 from tools import bench_common  # noqa: E402
 

@@ -35,7 +35,8 @@ from absl import flags  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from resnet_tpu.parallel.tensorflow import bn_all_reduce  # noqa: E402
-from resnet_tpu.parallel.tensorflow import strategy as strategy_lib  # noqa
+from resnet_tpu.parallel.tensorflow import (  # noqa: E402
+    strategy as strategy_lib)
 from resnet_tpu.model.distributed_batch_norm import (  # noqa: E402
     DistributedBatchNormalization)
 from tools import bench_common  # noqa: E402

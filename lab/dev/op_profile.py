@@ -43,7 +43,8 @@ import tensorflow as tf  # noqa: E402
 from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: E402
 
 from resnet_tpu.runtime import host_memory  # noqa: E402
-from resnet_tpu.parallel.tensorflow import strategy as strategy_lib  # noqa
+from resnet_tpu.parallel.tensorflow import (  # noqa: E402
+    strategy as strategy_lib)
 from lab import bench_bn_groups  # noqa: E402
 from tools import bench_common  # noqa: E402
 from lab import bench_train  # noqa: E402
