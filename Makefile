@@ -129,7 +129,7 @@ TPU_BUILD_TESTS := tests/test_tpu_build.py tests/test_tpu_runtime.py \
     tests/test_trainer.py tests/test_resume_exact.py tests/test_main.py \
     tests/test_export.py tests/test_config.py tests/test_topology.py \
     tests/test_collective_census.py tests/test_corrected_momentum.py \
-    tests/test_loop.py tests/test_loss.py
+    tests/test_loop.py tests/test_loss.py tests/test_imports_without_jax.py
 TPU_ENV := TPU_LOAD_LIBRARY=0 TPU_SKIP_MDS_QUERY=1
 OFFLINE := $(shell unshare -n true 2>/dev/null && \
     echo "unshare -n sh -c 'ip link set lo up 2>/dev/null; exec \"\$$@\"' --")
