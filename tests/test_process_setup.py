@@ -116,8 +116,34 @@ def test_the_engine_is_the_flag_else_keras_backend_else_tensorflow(
   # This process's Keras runs on TensorFlow: a JAX choice is made as a
   # fresh process would make it, before Keras loads.
   monkeypatch.delitem(sys.modules, "keras", raising=False)
-  assert process_setup.choose_backend(flag, environ) == engine
+  assert process_setup.choose_backend(flag, environ,
+                                      lambda name: True) == engine
   assert environ["KERAS_BACKEND"] == engine
+
+
+@pytest.mark.parametrize("engine, says", [
+    ("jax", "requirements/test-jax.txt beside cpu.txt, gpu-jax.txt or "
+            "tpu-vm-jax.txt, on Python 3.11 or later"),
+    ("tensorflow", "requirements/cpu.txt, gpu-tensorflow.txt"),
+])
+def test_an_engine_not_installed_is_named_with_its_install_sets(engine,
+                                                                 says):
+  """One line before anything loads (seen: make demo-jax on Python 3.10,
+  where .venv has no JAX, ended in Keras's ModuleNotFoundError)."""
+  environ = {}
+  with pytest.raises(process_setup.ConfigError) as raised:
+    process_setup.choose_backend(engine, environ, lambda name: False)
+  assert str(raised.value).startswith(
+      f"--backend={engine}: {engine} is not installed in this environment "
+      "(Python 3.")
+  assert says in str(raised.value)
+  assert "KERAS_BACKEND" not in environ
+
+
+def test_installed_finds_a_module_without_importing_it():
+  assert process_setup.installed("tensorflow")
+  assert not process_setup.installed("no_such_engine_here")
+  assert "no_such_engine_here" not in sys.modules
 
 
 def test_an_engine_other_than_tensorflow_or_jax_is_named():

@@ -18,8 +18,9 @@ and a variable the user set always wins.
   the model runs on CPU devices, where they were measured; elsewhere
   TensorFlow's own default stands.
 """
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 import glob
+import importlib.util
 import os
 import sys
 
@@ -28,6 +29,13 @@ from resnet_tpu.runtime.cpu_kernels import ONEDNN_ENV
 
 BACKEND_ENV = "KERAS_BACKEND"
 ENGINES = ("tensorflow", "jax")
+# Each engine's install sets (README's Install table).
+INSTALL_SETS = {
+    "tensorflow": "requirements/cpu.txt, gpu-tensorflow.txt or "
+                  "tpu-vm-tensorflow.txt",
+    "jax": "requirements/test-jax.txt beside cpu.txt, gpu-jax.txt or "
+           "tpu-vm-jax.txt, on Python 3.11 or later (docs/jax.md)",
+}
 
 LOG_LEVEL_ENV = "TF_CPP_MIN_LOG_LEVEL"
 # An NVIDIA GPU's device files on bare metal, in containers and under WSL2
@@ -126,14 +134,28 @@ def apply_cpu_kernel_choice(
   return f"{ONEDNN_ENV}={value} ({reason})"
 
 
+def installed(module: str) -> bool:
+  """Whether `module` is importable here, without importing it."""
+  try:
+    return importlib.util.find_spec(module) is not None
+  except ImportError:
+    return False
+
+
 def choose_backend(flag: str,
-                   environ: MutableMapping[str, str] = os.environ) -> str:
+                   environ: MutableMapping[str, str] = os.environ,
+                   is_installed: Callable[[str], bool] = installed) -> str:
   """Keras's engine for --backend (auto: $KERAS_BACKEND, else tensorflow);
   sets KERAS_BACKEND, which Keras reads once, when it loads."""
   name = environ.get(BACKEND_ENV, "tensorflow") if flag == "auto" else flag
   if name not in ENGINES:
     raise ConfigError(f"{BACKEND_ENV}={name!r}: resnet_tpu runs on Keras's "
                       f"{' or '.join(ENGINES)} engine (--backend).")
+  if not is_installed(name):
+    python = ".".join(map(str, sys.version_info[:2]))
+    raise ConfigError(f"--backend={name}: {name} is not installed in this "
+                      f"environment (Python {python}); install "
+                      f"{INSTALL_SETS[name]}.")
   keras = sys.modules.get("keras")
   if keras is not None and keras.backend.backend() != name:
     raise ConfigError(f"--backend={name}: Keras already loaded on "
