@@ -47,10 +47,11 @@ def test_main_trains_evaluates_and_exports_on_cpu_replicas(tmp_path):
   assert (model_dir / "export" / "saved_model.pb").exists()
 
 
-def _main(*flags: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def _main(*flags: str, timeout: float = 120,
+          python: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
   env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-  return subprocess.run([sys.executable, "main.py", *flags], cwd=ROOT,
-                        env=env, capture_output=True, text=True,
+  return subprocess.run([sys.executable, *python, "main.py", *flags],
+                        cwd=ROOT, env=env, capture_output=True, text=True,
                         timeout=timeout)
 
 
@@ -62,19 +63,29 @@ def test_gpu_run_without_a_gpu_names_the_gpu_requirements(tmp_path):
   assert "Traceback" not in result.stderr
 
 
+# What a run loads only once its flags have passed config.validate.
+ENGINE_MODULES = {"tensorflow", "keras", "jax"}
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("flag,message", [
     ("--global_batch_size=0", "--global_batch_size must be >= 1, got 0"),
     ("--base_learning_rate=-1", "--base_learning_rate must be > 0, got -1.0"),
     ("--label_smoothing=1.5", "--label_smoothing must be >= 0 and < 1"),
 ])
-def test_a_bad_flag_value_prints_one_message_without_a_traceback(
+def test_a_bad_flag_value_prints_one_message_before_any_engine_loads(
     tmp_path, flag, message, backend):
   result = _main("--strategy=cpu", "--use_synthetic_data", "--train_steps=1",
-                 f"--model_dir={tmp_path}", f"--backend={backend}", flag)
+                 f"--model_dir={tmp_path}", f"--backend={backend}", flag,
+                 python=("-X", "importtime"))
   assert result.returncode == 1
   assert message in result.stderr
   assert "Traceback" not in result.stderr
+  loaded = {line.rsplit("|", 1)[1].strip()
+            for line in result.stderr.splitlines()
+            if line.startswith("import time:")}
+  assert "resnet_tpu.config" in loaded  # -X importtime listed the imports
+  assert not loaded & ENGINE_MODULES, loaded & ENGINE_MODULES
 
 
 def test_main_chooses_the_cpu_kernels_before_tensorflow_loads(tmp_path):

@@ -97,7 +97,7 @@ def test_main_prints_a_storage_error_as_one_line(tmp_path, monkeypatch,
   monkeypatch.setattr(run_lib, "run", failing_run)
   main_lib.FLAGS.unparse_flags()
   main_lib.FLAGS(["main.py", f"--model_dir={tmp_path}", "--train_steps=1",
-                  "--strategy=cpu"])
+                  "--strategy=cpu", "--use_synthetic_data"])
   with pytest.raises(SystemExit) as exit_:
     main_lib.main(["main.py"])
   assert exit_.value.code == f"main.py: error: {error}"
