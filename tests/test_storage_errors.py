@@ -2,6 +2,7 @@
 path and the last good checkpoint, which stays readable (issue 37)."""
 import os
 
+from absl import logging
 import pytest
 import tensorflow as tf
 
@@ -95,10 +96,17 @@ def test_main_prints_a_storage_error_as_one_line(tmp_path, monkeypatch,
     raise error
 
   monkeypatch.setattr(run_lib, "run", failing_run)
+  # Parsing main.py's flags sets absl's logger to its --verbosity (WARNING
+  # by default), where it was unset: later tests in this process read its
+  # INFO lines.
+  level = logging.get_absl_logger().level
   main_lib.FLAGS.unparse_flags()
   main_lib.FLAGS(["main.py", f"--model_dir={tmp_path}", "--train_steps=1",
                   "--strategy=cpu", "--use_synthetic_data"])
-  with pytest.raises(SystemExit) as exit_:
-    main_lib.main(["main.py"])
+  try:
+    with pytest.raises(SystemExit) as exit_:
+      main_lib.main(["main.py"])
+  finally:
+    main_lib.FLAGS.unparse_flags()
+    logging.get_absl_logger().setLevel(level)
   assert exit_.value.code == f"main.py: error: {error}"
-  main_lib.FLAGS.unparse_flags()
