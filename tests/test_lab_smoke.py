@@ -67,7 +67,9 @@ def test_the_engines_bench_reads_the_loop_line_the_loop_logs(caplog):
   from lab import bench_engines_cpu
   from resnet_tpu.train import loop_report
   from resnet_tpu.train.loop_result import LoopResult
-  with caplog.at_level("INFO"):
+  # absl's own logger, whose level a test that parsed absl flags in this
+  # process may have set to WARNING.
+  with caplog.at_level("INFO", logger="absl"):
     loop_report.train_record(LoopResult(0.5, 0.9, 1.0, 64), 50, 75, 205.8,
                              10.0, 5.0, 0.06)
   assert bench_engines_cpu.LOOP_LINE.findall(caplog.text) == [("50", "205.8")]
