@@ -59,8 +59,6 @@ lint: $(LINT_VENV)/.installed
 # The suite runs in TEST_WORKERS processes (pytest-xdist; 0: in pytest's
 # own process), a test file per process at a time, so module fixtures are
 # built once. Two keep a 2-core machine busy: tracing is single-threaded.
-# The slowest files go first (tests/slowest_first.py), in the order the
-# conftests give them (--no-loadscope-reorder).
 TEST_WORKERS ?= 2
 
 # Both engines: TensorFlow's suite (tests/), then JAX's (tests_jax/).
@@ -81,8 +79,7 @@ free-space-ci:
 	@$(PYTHON) tests/free_space.py $(SCRATCH_GB) $(CI_ENV_GB)
 
 test-tf: venv
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile \
-	    --no-loadscope-reorder --durations=15
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 # The JAX engine's suite (tests_jax/) in its own pytest process, on 8
 # virtual CPU devices (tests_jax/conftest.py), in the same .venv: the JAX
@@ -100,7 +97,7 @@ else
 	$(PY) -c "import jax, keras; print('JAX', jax.__version__, 'Keras', \
 	    keras.__version__)"
 	TF_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q -n $(TEST_WORKERS) \
-	    --dist loadfile --no-loadscope-reorder --durations=10 tests_jax
+	    --dist loadfile --durations=10 tests_jax
 endif
 
 # requirements/constraints/test-py<X.Y>.txt: everything make test's .venv

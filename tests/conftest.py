@@ -15,7 +15,6 @@ process_setup.apply_cpu_kernel_choice("auto", "cpu")
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from resnet_tpu.runtime import compat  # noqa: E402
-import slowest_first  # noqa: E402
 
 # 16 for the 4x4 replica grid of the 2-D gradient all-reduce tests; idle
 # virtual devices cost no measurable test time.
@@ -40,7 +39,3 @@ def separate_collective_keys():
   """Strategies a test builds itself (run() builds its own) number their
   collectives apart from those of earlier tests in the same process."""
   compat.shift_collective_keys(tf.distribute.MirroredStrategy, 100000)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-  slowest_first.order(items, slowest_first.TENSORFLOW_SUITE)

@@ -21,10 +21,8 @@ import pytest  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The helpers both suites share (tests/main_runs.py: main.py as a user
-# starts it; tests/damaged_shards.py; tests/slowest_first.py).
+# starts it; tests/damaged_shards.py).
 sys.path.insert(1, os.path.join(ROOT, "tests"))
-import slowest_first  # noqa: E402
-
 TF_REFERENCE_TIMEOUT_S = 900
 
 
@@ -53,7 +51,3 @@ def tf_reference(tmp_path_factory) -> str:
                  check=True, env=env, timeout=TF_REFERENCE_TIMEOUT_S,
                  stdout=sys.stderr)
   return out
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-  slowest_first.order(items, slowest_first.JAX_SUITE)
