@@ -27,7 +27,6 @@ from absl import logging
 from resnet_tpu import config as config_lib
 from resnet_tpu import flags as resnet_flags
 from resnet_tpu.config import ConfigError
-from resnet_tpu.config import TrainConfig
 from resnet_tpu.runtime import process_setup
 from resnet_tpu.runtime import tpu_runtime
 from resnet_tpu.train.preemption import WORKER_LOST_EXIT_CODE
@@ -61,7 +60,10 @@ def main(argv: list[str], model_fn=None) -> None:
     backend = process_setup.choose_backend(FLAGS.backend)
     logging.info("Engine: Keras on %s (--backend=%s)", backend, FLAGS.backend)
     cfg = resnet_flags.config_from_flags(FLAGS).replace(backend=backend)
-    validate_before_start_up(cfg)
+    # Before either engine loads: a bad flag costs milliseconds, not the
+    # engine's import (4 s for TensorFlow here).
+    config_lib.validate_start_up(cfg, process_setup.strategy_kind(
+        cfg.distribution), makes_cpu_replicas=True)
     if backend == "jax":
       set_up_jax()
     else:
@@ -71,18 +73,6 @@ def main(argv: list[str], model_fn=None) -> None:
   # pylint: disable-next=g-import-not-at-top  (after the engine's settings)
   from resnet_tpu.run import run
   finish(lambda: run(cfg, model_fn=model_fn))
-
-
-def validate_before_start_up(cfg: TrainConfig) -> None:
-  """config.validate as the engine's start-up runs it (on TensorFlow, with
-  the strategy kind resolved), before either engine loads: a bad flag
-  costs milliseconds, not the engine's import (4 s for TensorFlow here)."""
-  dist = cfg.distribution
-  if dist.backend == "tensorflow":
-    cfg = cfg.replace(strategy=process_setup.startup_kind(dist.strategy,
-                                                          dist.tpu))
-  cpu = cfg.distribution.strategy == "cpu"
-  config_lib.validate(cfg, dist.num_cpu_replicas if cpu else None)
 
 
 def set_up_tensorflow() -> str:

@@ -170,3 +170,20 @@ def test_flat_names_route_to_their_parts_and_back():
       cfg.flat(), seed=4, model_dir="n")
   with pytest.raises(TypeError, match="resnet_dept"):
     cfg.replace(resnet_dept=18)
+
+
+@pytest.mark.parametrize("kind, makes_replicas, rejected", [
+    ("cpu", True, True),     # 3 replicas it makes cannot split 8 images
+    ("cpu", False, False),   # replicas counted later, from the devices
+    ("gpu", True, False),    # no CPU replicas: counted after start-up
+])
+def test_start_up_validates_the_cpu_replicas_it_makes_under_its_kind(
+    kind, makes_replicas, rejected):
+  cfg = TrainConfig.tiny("m", strategy="auto", num_cpu_replicas=3,
+                         use_synthetic_data=True)
+  if rejected:
+    with pytest.raises(config_lib.ConfigError, match="--global_batch_size"):
+      config_lib.validate_start_up(cfg, kind, makes_replicas)
+    return
+  started = config_lib.validate_start_up(cfg, kind, makes_replicas)
+  assert started.distribution.strategy == kind

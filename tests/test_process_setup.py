@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from data.make_synthetic import make_synthetic
+from resnet_tpu import config as config_lib
 from resnet_tpu.runtime import process_setup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -170,3 +171,14 @@ def test_jax_on_cpu_gets_the_replicas_as_virtual_devices():
   untouched = {}
   process_setup.jax_platform("tpu", 4, untouched)
   assert not untouched
+
+
+@pytest.mark.parametrize("backend, kind", [
+    ("tensorflow", "multi_worker"), ("auto", "multi_worker"),
+    ("jax", "auto")])
+def test_the_start_up_kind_is_tensorflows_resolved_and_jaxs_as_given(
+    backend, kind, monkeypatch):
+  monkeypatch.setenv("TF_CONFIG", "{}")
+  dist = config_lib.TrainConfig.tiny(
+      "m", strategy="auto", backend=backend).distribution
+  assert process_setup.strategy_kind(dist) == kind

@@ -50,6 +50,7 @@ from resnet_tpu.config.checks import CHOICES  # noqa: F401
 from resnet_tpu.config.checks import parse_grid  # noqa: F401
 from resnet_tpu.config.checks import validate  # noqa: F401
 from resnet_tpu.config.checks import validate_replicas  # noqa: F401
+from resnet_tpu.config.checks import validate_start_up  # noqa: F401
 from resnet_tpu.config.engine_limits import JAX_UNSUPPORTED  # noqa: F401
 from resnet_tpu.config.record import CONFIG_FILE  # noqa: F401
 from resnet_tpu.config.record import MODEL_KEYS  # noqa: F401

@@ -223,6 +223,19 @@ def validate(cfg: TrainConfig, num_replicas: int | None = None) -> None:
     validate_replicas(cfg, num_replicas)
 
 
+def validate_start_up(cfg: TrainConfig, kind: str,
+                      makes_cpu_replicas: bool) -> TrainConfig:
+  """`validate` as a run starts: --strategy resolved to `kind`
+  (runtime/process_setup.strategy_kind) and, where this process makes its
+  own virtual CPU replicas (`makes_cpu_replicas` under kind cpu), their
+  count. main.py runs it before either engine loads, each engine's
+  start-up again (tests and tools enter there). Returns cfg with `kind`."""
+  cfg = cfg.replace(strategy=kind)
+  known = kind == "cpu" and makes_cpu_replicas
+  validate(cfg, cfg.distribution.num_cpu_replicas if known else None)
+  return cfg
+
+
 def validate_replicas(cfg: TrainConfig, num_replicas: int) -> None:
   """Checks the batch and BN-group sizes against the replica count."""
   run, dist = cfg.run, cfg.distribution

@@ -25,6 +25,7 @@ import os
 import sys
 
 from resnet_tpu.config import ConfigError
+from resnet_tpu.config import DistributionConfig
 from resnet_tpu.runtime.cpu_kernels import ONEDNN_ENV
 
 BACKEND_ENV = "KERAS_BACKEND"
@@ -94,6 +95,15 @@ def startup_kind(strategy: str, tpu: str,
   if "TF_CONFIG" in environ:
     return "multi_worker"
   return "gpu" if nvidia_gpu_visible(environ, device_files) else "cpu"
+
+
+def strategy_kind(dist: DistributionConfig) -> str:
+  """The strategy kind a run starts with (config.validate_start_up): on
+  TensorFlow, startup_kind's; on JAX, --strategy as given (auto leaves JAX
+  its own devices: jax_platform)."""
+  if dist.backend == "jax":
+    return dist.strategy
+  return startup_kind(dist.strategy, dist.tpu)
 
 
 def cpu_tunings_apply(kind: str) -> bool:

@@ -42,7 +42,9 @@ def start(cfg: TrainConfig, distribution: None = None
   """Validates `cfg`, joins the other processes (multi_worker) and checks
   the devices JAX found; returns cfg and the devices."""
   del distribution  # a TensorFlow strategy: not JAX's
-  config_lib.validate(cfg)
+  # JAX's devices are made before it loads (main.py), and counted below.
+  config_lib.validate_start_up(cfg, cfg.distribution.strategy,
+                               makes_cpu_replicas=False)
   use_compilation_cache(compilation_cache_dir(cfg))
   if cfg.distribution.strategy == "multi_worker":
     processes.start(cfg.distribution)

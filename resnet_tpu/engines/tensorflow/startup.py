@@ -34,12 +34,11 @@ def start(cfg: TrainConfig, distribution: Distribution | None = None
   returns cfg with its strategy kind resolved, and `distribution` (an
   already built strategy of that kind: tests; None builds it in
   `build`)."""
-  cfg = cfg.replace(strategy=process_setup.startup_kind(
-      cfg.distribution.strategy, cfg.distribution.tpu))
+  cfg = config_lib.validate_start_up(
+      cfg, process_setup.strategy_kind(cfg.distribution),
+      makes_cpu_replicas=distribution is None)
   dist = cfg.distribution
   build_cpu_replicas = dist.strategy == "cpu" and distribution is None
-  config_lib.validate(cfg, dist.num_cpu_replicas if build_cpu_replicas
-                      else None)
   device_check.require_accelerator(dist.strategy)
   if build_cpu_replicas:
     # Virtual devices must exist before anything (the pre-flight's reads)
