@@ -8,11 +8,15 @@ slice or a GPU cluster are.
   groups within a process and across both; and so do steps of two
   micro-batches with float16's loss scaling, and recomputed BN statistics
   (multi_host_step.py).
-- main.py: two processes of 2 devices train the CPU demo, each reading its
-  own share of the files. SIGTERM to one of them stops both after the same
-  host loop with one checkpoint (exit 42), which process 0 alone writes, as
-  it alone writes the metrics; run again, both resume from it, finish,
-  evaluate every example, and the run learns as the one-host demo does.
+- main.py: two processes of 2 devices train the CPU demo's flags and files
+  for 16 steps, each reading its own share of the files. SIGTERM to one of
+  them stops both after the same host loop with one checkpoint (exit 42),
+  which process 0 alone writes, as it alone writes the metrics; run again,
+  both resume from it, finish, evaluate every example and score far above
+  chance. That two hosts learn as well as one rests on the step test above
+  (the same numbers as one process) and the one-host demo
+  (tests/test_demo_on_both_engines.py); the whole 100-step demo on two
+  hosts scored as one host on 2026-12-05 (docs/jax.md).
 """
 import os
 import signal
@@ -23,7 +27,6 @@ import numpy as np
 import pytest
 
 from main_runs import ROOT
-from main_runs import TOP1_TOLERANCE
 from main_runs import free_port
 from main_runs import hosts
 from main_runs import make_demo_data
@@ -79,9 +82,15 @@ def test_two_hosts_step_as_one_host(tmp_path):
   print(f"worst relative norm of a difference: {worst:.1e}")
 
 
+# The demo's flags at a sixth of its steps: host loops of 4 steps, an
+# evaluation and checkpoint every 8, the warm-up within its 0.5 epochs.
+SHORT = ("--train_steps=16", "--steps_per_loop=4", "--eval_every_steps=8",
+         "--warmup_epochs=0.2")
+
+
 def _demo(demo_data: str, model_dir: str, port: str) -> list[list[str]]:
   return [["main.py", "--backend=jax", "--flagfile=flags/cpu_demo.cfg",
-           f"--data_dir={demo_data}", f"--model_dir={model_dir}",
+           *SHORT, f"--data_dir={demo_data}", f"--model_dir={model_dir}",
            "--strategy=multi_worker", f"--coordinator_address=127.0.0.1:{port}",
            "--num_processes=2", f"--process_id={i}"] for i in range(2)]
 
@@ -105,28 +114,25 @@ def demo_data(tmp_path_factory) -> str:
   return make_demo_data(str(tmp_path_factory.mktemp("demo_data")))
 
 
-def test_two_hosts_train_stop_together_resume_and_learn(demo_data, tmp_path):
+def test_two_hosts_train_stop_together_and_resume(demo_data, tmp_path):
   model_dir, logs = str(tmp_path / "run"), str(tmp_path)
   processes = hosts(_demo(demo_data, model_dir, str(free_port())), 2, logs)
-  _sigterm_when_logged(os.path.join(logs, "process_1.log"), "step 50/100",
+  _sigterm_when_logged(os.path.join(logs, "process_1.log"), "step 8/16",
                        processes[1])
   stopped = wait_all(processes, logs)
   assert [p.returncode for p in processes] == [42, 42], stopped[0][-3000:]
   assert "SIGTERM received" not in stopped[0]  # process 1's, agreed
   saved = sorted(n for n in os.listdir(model_dir) if n.endswith(".index"))
-  assert saved == ["ckpt-50.index", "ckpt-75.index"], saved
-  assert [r["step"] for r in records(model_dir, "train")] == [25, 50, 75]
+  assert saved == ["ckpt-12.index", "ckpt-8.index"], saved
+  assert [r["step"] for r in records(model_dir, "train")] == [4, 8, 12]
 
   resumed = wait_all(hosts(_demo(demo_data, model_dir, str(free_port())), 2,
                          logs), logs)
   for log in resumed:
-    assert f"Restored {model_dir}/ckpt-75 at step 75" in log, log[-3000:]
-  assert [r["step"] for r in records(model_dir, "train")] == [25, 50, 75,
-                                                               100]
+    assert f"Restored {model_dir}/ckpt-12 at step 12" in log, log[-3000:]
+  assert [r["step"] for r in records(model_dir, "train")] == [4, 8, 12, 16]
   evals = records(model_dir, "eval")
-  assert [r["step"] for r in evals] == [50, 100]
+  assert [r["step"] for r in evals] == [8, 16]
   assert evals[-1]["examples"] == 250
-  # The one-host demo reaches top-1 1.000 on either engine
-  # (tests/test_demo_on_both_engines.py).
-  assert evals[-1]["top1"] >= 1.0 - TOP1_TOLERANCE, evals[-1]
+  assert evals[-1]["top1"] > 0.5, evals[-1]  # chance is 0.1; 0.764 measured
   assert not [n for n in os.listdir(model_dir) if "worker" in n]
