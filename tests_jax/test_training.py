@@ -21,6 +21,7 @@ from main_runs import env
 from main_runs import main
 from main_runs import ok
 from main_runs import records
+from resnet_tpu.config import TrainConfig
 
 
 def test_batch_size_control_steps_over_micro_batches_and_resumes(tmp_path):
@@ -82,6 +83,18 @@ def test_several_jax_processes_need_multi_worker():
                      match="JAX runs 4 processes .* under --strategy=tpu: "
                      "use --strategy=multi_worker"):
     startup.check_devices("tpu", "tpu", 4)
+
+
+def test_auto_is_recorded_as_the_kind_of_devices_jax_chose(tmp_path):
+  # pylint: disable-next=g-import-not-at-top
+  from resnet_tpu.engines.jax import startup
+  assert [startup.resolved_kind("auto", platform)
+          for platform in ("cpu", "gpu", "tpu")] == ["cpu", "gpu", "tpu"]
+  assert startup.resolved_kind("multi_worker", "tpu") == "multi_worker"
+  cfg = TrainConfig.tiny(str(tmp_path), backend="jax", strategy="auto",
+                         use_synthetic_data=True, jax_compilation_cache_dir="")
+  started, devices = startup.start(cfg)
+  assert started.distribution.strategy == devices[0].platform == "cpu"
 
 
 def test_an_unknown_keras_backend_gets_one_line(tmp_path):

@@ -40,7 +40,8 @@ if TYPE_CHECKING:
 def start(cfg: TrainConfig, distribution: None = None
           ) -> tuple[TrainConfig, list[jax.Device]]:
   """Validates `cfg`, joins the other processes (multi_worker) and checks
-  the devices JAX found; returns cfg and the devices."""
+  the devices JAX found; returns cfg, its --strategy=auto resolved to
+  their kind (resolved_kind), and the devices."""
   del distribution  # a TensorFlow strategy: not JAX's
   # JAX's devices are made before it loads (main.py), and counted below.
   config_lib.validate_start_up(cfg, cfg.distribution.strategy,
@@ -54,7 +55,16 @@ def start(cfg: TrainConfig, distribution: None = None
   config_lib.validate_replicas(cfg, len(devices))
   if files.tensorflow_installed():
     hide_gpus_from_tensorflow()
-  return cfg, devices
+  return cfg.replace(strategy=resolved_kind(cfg.distribution.strategy,
+                                            devices[0].platform)), devices
+
+
+def resolved_kind(strategy: str, platform: str) -> str:
+  """--strategy=auto as the kind of devices JAX chose (cpu, gpu or tpu:
+  their platform), for config.json and the pre-flight, whose TensorFlow
+  rule (process_setup.startup_kind) would call a TPU VM's run cpu; any
+  other kind as given."""
+  return platform if strategy == "auto" else strategy
 
 
 # --jax_compilation_cache_dir=auto's folder: JAX's own setting where the
