@@ -150,8 +150,9 @@ def data_checks():
 
 def resolve(cfg: TrainConfig, found: DataFiles | None) -> TrainConfig:
   """`cfg` with what comes from the host and the data filled in: the
-  strategy kind (process_setup.startup_kind, decided once) and the images
-  of an epoch. After it no property of the config raises, and nothing
+  strategy kind (each engine's start-up has resolved it in a run;
+  process_setup.startup_kind for a cfg that has not been through one) and
+  the images of an epoch. After it no property of the config raises, and nothing
   reads --strategy=auto or --num_train_images=0 again. `found`: None with
   --use_synthetic_data."""
   dist = cfg.distribution
