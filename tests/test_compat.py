@@ -169,3 +169,21 @@ def test_tensor_buffer_shares_the_tensors_memory(dtype):
     address = array.__array_interface__["data"][0]
     assert address == np.asarray(memoryview(tensor)).__array_interface__[
         "data"][0]
+
+
+def test_restore_trace_check_puts_back_what_jaxlib_replaced():
+  # pylint: disable-next=g-direct-tensorflow-import
+  from tensorflow.python.profiler import trace
+  original = trace.enabled
+  assert callable(original)
+  compat.restore_trace_check()  # intact: left as it is
+  assert trace.enabled is original
+  trace.enabled = True  # what jaxlib 0.6.2's profiler hooks write
+  try:
+    with pytest.raises(TypeError, match="not callable"):
+      tf.constant([1.0])
+    compat.restore_trace_check()
+    assert trace.enabled() in (True, False)
+    assert float(tf.reduce_sum(tf.constant([1.0, 2.0]))) == 3.0
+  finally:
+    trace.enabled = original

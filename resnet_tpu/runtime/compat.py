@@ -15,6 +15,8 @@ import tensorflow as tf
 
 # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.framework import kernels as _kernels
+from tensorflow.python.profiler import trace as _trace
+from tensorflow.python.profiler.internal import _pywrap_traceme
 from tensorflow.python.tpu import tpu_system_metadata as _tpu_system_metadata
 from tensorflow.python.util import _pywrap_util_port
 
@@ -130,6 +132,21 @@ def has_kernel(op_type: str, device_type: str = "") -> bool:
   registered = _kernels.get_registered_kernels_for_op(op_type).kernel
   return any(not device_type or k.device_type == device_type
              for k in registered)
+
+
+# --- the profiler's trace check ----------------------------------------------
+
+
+def restore_trace_check() -> None:
+  """Puts TensorFlow's profiler check (`trace.enabled`, a function that
+  convert_to_tensor, tf.Variable and tf.summary call) back where jaxlib
+  0.6.2, the last JAX for Python 3.10, replaced it with a bool: its
+  profiler hooks set `tensorflow.python.profiler.trace.enabled` to True when
+  a JAX trace starts and to False when it stops, and every TensorFlow call
+  then raises TypeError: 'bool' object is not callable (jaxlib 0.10.2 does
+  not). A no-op where the check is intact."""
+  if not callable(_trace.enabled):
+    _trace.enabled = _pywrap_traceme.traceme_enabled
 
 
 # --- graphs without a device (traced, never run) -------------------------------

@@ -24,6 +24,7 @@ every process waits for each checkpoint to be written, and a watchdog
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Callable, Iterator, Sequence, TYPE_CHECKING
 
 from absl import logging
@@ -96,10 +97,29 @@ def loop_result(per_step: list[dict], faults: np.ndarray) -> LoopResult:
       by_source=tuple(count(v) for v in faults[2:]))
 
 
+def _start_trace(logdir: str) -> None:
+  jax.profiler.start_trace(logdir)
+  _keep_tensorflows_trace_check()
+
+
+def _stop_trace() -> None:
+  jax.profiler.stop_trace()
+  _keep_tensorflows_trace_check()
+
+
+def _keep_tensorflows_trace_check() -> None:
+  """Beside TensorFlow (tf.data input, its checkpoint files), undoes what
+  jaxlib 0.6.2's profiler does to TensorFlow's (compat.restore_trace_check).
+  """
+  if "tensorflow" in sys.modules:
+    from resnet_tpu.runtime import compat  # pylint: disable=g-import-not-at-top
+    compat.restore_trace_check()
+
+
 class JaxEngine:
   """Owns the JAX step, its state and checkpoints."""
 
-  trace = (jax.profiler.start_trace, jax.profiler.stop_trace)
+  trace = (_start_trace, _stop_trace)
 
   def __init__(self, cfg: TrainConfig, mesh: jax.sharding.Mesh,
                model_fn: ModelFn | None = None):
