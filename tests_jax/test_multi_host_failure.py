@@ -20,9 +20,13 @@ import re
 import signal
 import time
 
+import pytest
+
 from main_runs import free_port
 from main_runs import hosts
 from main_runs import wait_all
+from resnet_tpu.config import ConfigError
+from resnet_tpu.engines.jax import processes
 
 # Start-up (two processes compiling on two cores) to the first checkpoint.
 STARTUP_TIMEOUT_S = 300
@@ -130,3 +134,19 @@ def test_a_hung_then_a_killed_process_stop_the_other_with_43(tmp_path):
   assert code == LOST, log[-3000:]
   assert _lost(log, ".*Gloo.*", model_dir), log[-3000:]
   print(f"process 0 exited {seconds:.1f} s after process 1 was killed")
+
+
+def test_the_heartbeat_timeout_stays_above_the_watchdogs():
+  """JAX's default (100 s) up to --collective_timeout_s=40; above, 60 s
+  more, which a JAX without heartbeat_timeout_seconds (0.6.2) cannot set:
+  one line naming the flag."""
+  with_it = {"heartbeat_timeout_seconds": None}
+  for timeout in (0, 20, 40):
+    assert processes.heartbeat_argument(
+        processes.heartbeat_timeout_s(timeout), timeout, {}) == {}
+  assert processes.heartbeat_argument(
+      processes.heartbeat_timeout_s(90), 90, with_it) == {
+          "heartbeat_timeout_seconds": 150}
+  with pytest.raises(ConfigError, match=r"--collective_timeout_s=90 .*"
+                     r"raised to 150 s.*--collective_timeout_s=40 or less"):
+    processes.heartbeat_argument(processes.heartbeat_timeout_s(90), 90, {})

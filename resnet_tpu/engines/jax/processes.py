@@ -16,6 +16,7 @@ that hangs while alive is caught by the trainer's watchdog
 (--collective_timeout_s, engines/jax/watchdog.py), or else by jax.distributed's
 heartbeat timeout, which aborts the other processes with JAX's own message.
 """
+import inspect
 from typing import Sequence
 
 from absl import logging
@@ -50,6 +51,7 @@ def start(dist: DistributionConfig,
   cluster detection (Cloud TPU, SLURM, Open MPI, Kubernetes). Call before
   JAX starts its devices."""
   given = dist.num_processes > 0
+  heartbeat = heartbeat_timeout_s(dist.collective_timeout_s)
   try:
     jax.distributed.initialize(
         dist.coordinator_address or None,
@@ -58,8 +60,7 @@ def start(dist: DistributionConfig,
         # Flags given: no look for a cluster (Cloud TPU's asks a server).
         cluster_detection_method="deactivate" if given else None,
         initialization_timeout=timeout_s,
-        heartbeat_timeout_seconds=heartbeat_timeout_s(
-            dist.collective_timeout_s))
+        **heartbeat_argument(heartbeat, dist.collective_timeout_s))
   except (RuntimeError, ValueError) as e:
     first = str(e).strip().splitlines()[0] if str(e).strip() else ""
     raise ConfigError(
@@ -77,6 +78,27 @@ def heartbeat_timeout_s(collective_timeout_s: float) -> int:
   --collective_timeout_s so that the watchdog's exit 43 comes first."""
   return int(max(HEARTBEAT_TIMEOUT_S,
                  collective_timeout_s + _WATCHDOG_FIRST_S))
+
+
+def heartbeat_argument(timeout_s: int, collective_timeout_s: float,
+                       parameters=None) -> dict[str, int]:
+  """jax.distributed.initialize's heartbeat_timeout_seconds where it
+  differs from the default. JAX 0.6.2 (the last for Python 3.10) has no such
+  parameter: its timeout is 100 s (10 missed heartbeats 10 s apart), so
+  there --collective_timeout_s may be at most 40."""
+  if timeout_s == HEARTBEAT_TIMEOUT_S:
+    return {}
+  if parameters is None:
+    parameters = inspect.signature(jax.distributed.initialize).parameters
+  if "heartbeat_timeout_seconds" not in parameters:
+    raise ConfigError(
+        f"--collective_timeout_s={collective_timeout_s:g} needs JAX's "
+        f"heartbeat timeout raised to {timeout_s} s, so that the watchdog "
+        f"comes {_WATCHDOG_FIRST_S} s first; JAX {jax.__version__} cannot "
+        "set it (jax.distributed.initialize has no heartbeat_timeout_seconds)."
+        f" Use --collective_timeout_s={HEARTBEAT_TIMEOUT_S - _WATCHDOG_FIRST_S}"
+        " or less, or JAX 0.10 or later (Python 3.11+).")
+  return {"heartbeat_timeout_seconds": timeout_s}
 
 
 def is_chief() -> bool:
