@@ -8,7 +8,10 @@ micro-batches each (batch-size control) with float16's loss scaling (S =
 2^10, doubled after 2 finite steps), then BN statistics recomputed from
 two batches (--bn_stats=recompute).
 
-usage: multi_host_step.py OUT_DIR NUM_PROCESSES PROCESS_ID PORT GROUP...
+usage: multi_host_step.py OUT_DIR NUM_PROCESSES PROCESS_ID PORT PRECISION
+                          GROUP...
+PRECISION (float32 or float64) is the groups' steps'; the other paths run
+in float32.
 Process 0 also writes the initial weights. Run with JAX_PLATFORMS=cpu and
 XLA's host device count set. One process (NUM_PROCESSES 1) is the reference:
 it sums over the same collectives library (gloo) as several do, so that the
@@ -37,8 +40,9 @@ def host_rows(num_processes: int, process_id: int, rows: int) -> slice:
 
 
 def main(out_dir: str, num_processes: int, process_id: int, port: int,
-         groups: list[int]) -> None:
+         precision: str, groups: list[int]) -> None:
   import jax  # pylint: disable=g-import-not-at-top
+  jax.config.update("jax_enable_x64", precision == "float64")
   jax.distributed.initialize(f"127.0.0.1:{port}", num_processes, process_id,
                              cluster_detection_method="deactivate",
                              initialization_timeout=120)
@@ -52,8 +56,8 @@ def main(out_dir: str, num_processes: int, process_id: int, port: int,
   # pylint: enable=g-import-not-at-top
   for group in groups:
     keras.utils.set_random_seed(0)
-    cfg = cases.step_config("float32", group)
-    model = cases.build_network("float32", cfg)
+    cfg = cases.step_config(precision, group)
+    model = cases.build_network(precision, cfg)
     step = jax_step.JaxTrainStep(
         model, build_optimizer("momentum", cases.LEARNING_RATE),
         build_mesh(group, jax.devices()),
@@ -65,12 +69,13 @@ def main(out_dir: str, num_processes: int, process_id: int, port: int,
                *jax.device_get(jax.tree.leaves(state)))
     rows = host_rows(num_processes, process_id, cases.GLOBAL_BATCH)
     for seed in range(STEPS):
-      images, labels = cases.batch("float32", seed)
+      images, labels = cases.batch(precision, seed)
       state, _ = step.step(state, *step.shard_batch(images[rows],
                                                     labels[rows]))
     np.savez(os.path.join(out_dir, f"after_g{group}_p{process_id}.npz"),
              *jax.device_get(jax.tree.leaves(state)))
   keras.utils.set_random_seed(0)
+  cfg = cases.step_config("float32", groups[-1])
   step = jax_step.JaxTrainStep(
       tiny_resnet(cfg), build_optimizer("momentum", cases.LEARNING_RATE),
       build_mesh(groups[-1], jax.devices()),
@@ -90,4 +95,4 @@ def main(out_dir: str, num_processes: int, process_id: int, port: int,
 
 if __name__ == "__main__":
   main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]),
-       [int(g) for g in sys.argv[5:]])
+       sys.argv[5], [int(g) for g in sys.argv[6:]])

@@ -28,6 +28,7 @@ import pytest
 import engine_cases as cases
 from lab import bench_gpu
 from lab import bench_gpu_loop
+from x64 import enable_x64
 from resnet_tpu.optim.optimizers import build_optimizer
 from resnet_tpu.parallel.jax.bn_all_reduce import build_mesh
 from resnet_tpu.engines.jax.step import JaxTrainStep
@@ -72,7 +73,7 @@ def test_virtual_replicas_are_the_step_on_as_many_devices():
   keras.utils.set_random_seed(0)
   images, labels = cases.batch("float64")
   changes = {}
-  with jax.enable_x64(True):
+  with enable_x64(True):
     weights = start = None
     for group_size in (2, 8):
       real = _step(group_size, cases.REPLICAS, weights)

@@ -26,11 +26,11 @@ tie flipped in float32 moved one gradient by 2e-2.
 import functools
 import os
 
-import jax
 import numpy as np
 import pytest
 
 import engine_cases as cases
+from x64 import enable_x64
 from resnet_tpu.optim.optimizers import build_optimizer
 from resnet_tpu.parallel.jax.bn_all_reduce import build_mesh
 from resnet_tpu.engines.jax.step import JaxTrainStep
@@ -74,7 +74,7 @@ def jax_step(precision: str, group_size: int, reference: dict):
 def test_one_step_equals_tensorflow(tf_reference, precision, group_size):
   name = cases.case_name(precision, group_size)
   reference = dict(np.load(os.path.join(tf_reference, name + ".npz")))
-  with jax.enable_x64(precision == "float64"):
+  with enable_x64(precision == "float64"):
     _check_step(precision, group_size, reference)
 
 
