@@ -2,8 +2,8 @@
 # Python 3.10, 3.11 or 3.12 as python3, and nothing else: they create .venv
 # first, one environment that holds both engines (requirements/cpu.txt,
 # test-tools.txt and test-jax.txt: the newest TensorFlow, Keras and JAX that
-# Python has, chosen by environment markers; no JAX on 3.10, see test-jax),
-# every package pinned by requirements/constraints/test-py<X.Y>.txt.
+# Python has, chosen by environment markers), every package pinned by
+# requirements/constraints/test-py<X.Y>.txt.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -86,19 +86,11 @@ test-tf: venv
 # test-jax.txt picks for this Python beside TensorFlow, which JAX training
 # takes its input and files from. The equivalence tests run their
 # TensorFlow side in a child process (TF_PYTHON).
-# Not on Python 3.10: its last JAX, 0.6.2, fails beside TensorFlow 2.21 in
-# one process (requirements/test-jax.txt), so .venv has no JAX there.
 test-jax: venv
-ifeq ($(PYTHON_VERSION),3.10)
-	@echo "make test-jax: skipped on Python 3.10: jax 0.6.2, its last JAX," \
-	    "fails beside TensorFlow 2.21 (requirements/test-jax.txt); JAX's" \
-	    "suite runs on Python 3.11 and later."
-else
 	$(PY) -c "import jax, keras; print('JAX', jax.__version__, 'Keras', \
 	    keras.__version__)"
 	TF_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q -n $(TEST_WORKERS) \
 	    --dist loadfile --durations=10 tests_jax
-endif
 
 # requirements/constraints/test-py<X.Y>.txt: everything make test's .venv
 # resolves on Python X.Y, pinned, for each Python the set claims; pip's dry

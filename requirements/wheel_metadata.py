@@ -50,14 +50,14 @@ INSTALL_SETS = {
     "CPU, TensorFlow": (("cpu.txt",), (), STOCK),
     "make test": (TEST_SET, (), STOCK),
     "GPU host, TensorFlow": (("gpu-tensorflow.txt",), (), ("3.10", "3.12")),
-    "GPU host, JAX": (("gpu-jax.txt",), (), ("3.11", "3.12")),
-    # TPU VM images carry 3.10; JAX there needs a 3.11 or 3.12 (docs/tpu.md).
+    "GPU host, JAX": (("gpu-jax.txt",), (), STOCK),
+    # TPU VM images carry 3.10; 3.11 and 3.12 get a newer JAX (docs/tpu.md).
     "TPU VM, TensorFlow": (("tpu-vm-tensorflow.txt",), (), ("3.10",)),
     "TPU pod worker 0, TensorFlow": (("tpu-vm-tensorflow.txt",
                                       "tpu-pod.txt"), (), ("3.10",)),
     "make test-tpu-build": (("tpu-vm-tensorflow.txt", "test-tools.txt"), (),
                             ("3.10",)),
-    "TPU VM, JAX": (("tpu-vm-jax.txt",), (), ("3.11", "3.12")),
+    "TPU VM, JAX": (("tpu-vm-jax.txt",), (), STOCK),
     # The H200 image: Python 3.12 with JAX and no TensorFlow.
     "JAX without TensorFlow": (("jax-without-tensorflow.txt",), (),
                                ("3.12",)),

@@ -38,12 +38,12 @@ def env(**extra: str) -> dict:
 
 # main.py as where TensorFlow is not installed (without_tensorflow.py).
 WITHOUT_TENSORFLOW = os.path.join(ROOT, "tests_jax", "without_tensorflow.py")
-# main.py's --backend=jax where this environment has JAX (not on Python
-# 3.10: requirements/test-jax.txt).
+# main.py's --backend=jax where this environment has JAX (.venv has, on
+# every Python; the TPU build's has not: make test-tpu-build).
 HAS_JAX = importlib.util.find_spec("jax") is not None
 needs_jax = pytest.mark.skipif(
-    not HAS_JAX, reason="no JAX in this environment (Python 3.10: "
-    "requirements/test-jax.txt)")
+    not HAS_JAX, reason="no JAX in this environment (the TPU build's: "
+    "requirements/tpu-vm-tensorflow.txt)")
 BACKENDS = ("tensorflow", pytest.param("jax", marks=needs_jax))
 
 

@@ -28,9 +28,9 @@ def _python(code: str, *args: str, **env: str) -> str:
 
 
 # The modules that import JAX, left out: this process runs Keras on
-# TensorFlow (and .venv has no JAX on Python 3.10); tests_jax imports them
-# on JAX. Every module of a jax/ folder (.importlinter's jax_folders
-# contract), whatever is added.
+# TensorFlow (and the TPU build's environment has no JAX); tests_jax
+# imports them on JAX. Every module of a jax/ folder (.importlinter's
+# jax_folders contract), whatever is added.
 JAX_FOLDER = "jax"
 # The two variables after importing TensorFlow alone: where JAX is
 # installed beside it (make test's .venv), TensorFlow's tflite utilities

@@ -11,10 +11,10 @@ engines it applies to:
 - neither engine resumes the other's run; a JAX run fine-tunes from either
   engine's (--init_checkpoint).
 
-The JAX half needs JAX in the environment (not on Python 3.10). The loop's
-policy (SIGTERM, --max_loop_seconds, NaN stops, the checkpoint clock) is one
-code for both engines (train/loop.py), tested once against a fake engine
-(test_loop.py).
+The JAX half needs JAX in the environment (.venv has it on every Python;
+the TPU build's has not). The loop's policy (SIGTERM, --max_loop_seconds,
+NaN stops, the checkpoint clock) is one code for both engines
+(train/loop.py), tested once against a fake engine (test_loop.py).
 """
 import json
 import os

@@ -1,5 +1,5 @@
 """Where JAX is not installed (TensorFlow's install sets for a TPU VM and a
-GPU host, and .venv on Python 3.10), every module outside the jax/
+GPU host, and make test-tpu-build's), every module outside the jax/
 folders imports, and none of them loads JAX: the mirror of
 tests_jax/test_imports.py. .venv has JAX beside TensorFlow, so the probe
 blocks its import."""

@@ -129,8 +129,8 @@ def test_the_engine_is_the_flag_else_keras_backend_else_tensorflow(
 ])
 def test_an_engine_not_installed_is_named_with_its_install_sets(engine,
                                                                  says):
-  """One line before anything loads (seen: make demo-jax on Python 3.10,
-  where .venv has no JAX, ended in Keras's ModuleNotFoundError)."""
+  """One line before anything loads (seen: make demo-jax in a .venv
+  without JAX ended in Keras's ModuleNotFoundError)."""
   environ = {}
   with pytest.raises(process_setup.ConfigError) as raised:
     process_setup.choose_backend(engine, environ, lambda name: False)
