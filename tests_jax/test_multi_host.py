@@ -40,12 +40,13 @@ GROUPS = (4, 8)
 # (multi_host_step.py). Measured: bit-identical (0) on an AMD EPYC.
 NORM_TOLERANCE = 1e-6
 # The groups' steps in float32, as the flags build them, where XLA:CPU's
-# float32 convolutions round alike with 4 devices a process and with 8. In
-# jaxlib 0.6.2 (the last JAX for Python 3.10) they do not: up to 3 % of a
-# tensor's norm apart after the three steps (seen, every process over
-# gloo), while the same steps in float64 are bit-identical. There the
-# groups' steps run in float64; the other paths stay float32 (bit-identical
-# on both).
+# float32 step gives the same numbers with 4 devices a process as with 8.
+# In jaxlib 0.6.2 (the last JAX for Python 3.10) it does not: ResNet-18's
+# tensors end up to 3 % of their norm apart after the three steps (seen,
+# every process over gloo; which float32 kernel rounds differently was not
+# found), while the same steps in float64 are bit-identical, as is the
+# tiny network's float32 path. There the groups' steps run in float64; the
+# other paths stay float32.
 PRECISION = "float32" if jax.__version_info__ >= (0, 10) else "float64"
 
 
