@@ -26,6 +26,7 @@ from main_runs import free_port
 from main_runs import hosts
 from main_runs import wait_all
 from resnet_tpu.config import ConfigError
+from resnet_tpu.config import DistributionConfig
 from resnet_tpu.engines.jax import processes
 
 # Start-up (two processes compiling on two cores) to the first checkpoint.
@@ -150,3 +151,20 @@ def test_the_heartbeat_timeout_stays_above_the_watchdogs():
   with pytest.raises(ConfigError, match=r"--collective_timeout_s=90 .*"
                      r"raised to 150 s.*--collective_timeout_s=40 or less"):
     processes.heartbeat_argument(processes.heartbeat_timeout_s(90), 90, {})
+
+
+def test_a_jax_without_the_heartbeat_setting_stops_before_starting(
+    monkeypatch):
+  """The flag's line itself, before jax.distributed starts, not a failed
+  start's."""
+  called = []
+  monkeypatch.setattr(
+      processes.jax.distributed, "initialize",
+      lambda coordinator_address, num_processes, process_id, **kw:
+      called.append(kw))
+  dist = DistributionConfig(coordinator_address="127.0.0.1:1",
+                            num_processes=2, process_id=0,
+                            collective_timeout_s=90)
+  with pytest.raises(ConfigError, match=r"^--collective_timeout_s=90 "):
+    processes.start(dist)
+  assert not called

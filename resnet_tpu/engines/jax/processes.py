@@ -17,7 +17,7 @@ that hangs while alive is caught by the trainer's watchdog
 heartbeat timeout, which aborts the other processes with JAX's own message.
 """
 import inspect
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from absl import logging
 import jax
@@ -51,7 +51,9 @@ def start(dist: DistributionConfig,
   cluster detection (Cloud TPU, SLURM, Open MPI, Kubernetes). Call before
   JAX starts its devices."""
   given = dist.num_processes > 0
-  heartbeat = heartbeat_timeout_s(dist.collective_timeout_s)
+  heartbeat = heartbeat_argument(
+      heartbeat_timeout_s(dist.collective_timeout_s),
+      dist.collective_timeout_s)
   try:
     jax.distributed.initialize(
         dist.coordinator_address or None,
@@ -60,7 +62,7 @@ def start(dist: DistributionConfig,
         # Flags given: no look for a cluster (Cloud TPU's asks a server).
         cluster_detection_method="deactivate" if given else None,
         initialization_timeout=timeout_s,
-        **heartbeat_argument(heartbeat, dist.collective_timeout_s))
+        **heartbeat)
   except (RuntimeError, ValueError) as e:
     first = str(e).strip().splitlines()[0] if str(e).strip() else ""
     raise ConfigError(
@@ -81,11 +83,13 @@ def heartbeat_timeout_s(collective_timeout_s: float) -> int:
 
 
 def heartbeat_argument(timeout_s: int, collective_timeout_s: float,
-                       parameters=None) -> dict[str, int]:
+                       parameters: Mapping[str, object] | None = None
+                       ) -> dict[str, int]:
   """jax.distributed.initialize's heartbeat_timeout_seconds where it
-  differs from the default. JAX 0.6.2 (the last for Python 3.10) has no such
-  parameter: its timeout is 100 s (10 missed heartbeats 10 s apart), so
-  there --collective_timeout_s may be at most 40."""
+  differs from the default (`parameters`: initialize's, by default). JAX
+  0.6.2 (the last for Python 3.10) has no such parameter: its timeout is
+  100 s (10 missed heartbeats 10 s apart), so there --collective_timeout_s
+  may be at most 40."""
   if timeout_s == HEARTBEAT_TIMEOUT_S:
     return {}
   if parameters is None:
