@@ -184,7 +184,8 @@ HELP = {
                             "longest wait without a host loop, agreement, "
                             "checkpoint or eval (engines/jax/watchdog.py); 0 = "
                             "JAX's heartbeat timeout, 100 s, which aborts "
-                            "the others.",
+                            "the others; at most 40 on jax 0.6.2 (Python "
+                            "3.10), which cannot raise that timeout.",
     "cpu_onednn": "TensorFlow's oneDNN CPU kernels: auto (on when the model "
                   "runs on CPU devices: --strategy=cpu, or auto with no "
                   "--tpu, TF_CONFIG or visible NVIDIA GPU; else "
