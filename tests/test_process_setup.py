@@ -124,7 +124,7 @@ def test_the_engine_is_the_flag_else_keras_backend_else_tensorflow(
 
 @pytest.mark.parametrize("engine, says", [
     ("jax", "requirements/test-jax.txt beside cpu.txt, gpu-jax.txt or "
-            "tpu-vm-jax.txt, on Python 3.11 or later"),
+            "tpu-vm-jax.txt (docs/jax.md)"),
     ("tensorflow", "requirements/cpu.txt, gpu-tensorflow.txt"),
 ])
 def test_an_engine_not_installed_is_named_with_its_install_sets(engine,

@@ -35,7 +35,7 @@ INSTALL_SETS = {
     "tensorflow": "requirements/cpu.txt, gpu-tensorflow.txt or "
                   "tpu-vm-tensorflow.txt",
     "jax": "requirements/test-jax.txt beside cpu.txt, gpu-jax.txt or "
-           "tpu-vm-jax.txt, on Python 3.11 or later (docs/jax.md)",
+           "tpu-vm-jax.txt (docs/jax.md)",
 }
 
 LOG_LEVEL_ENV = "TF_CPP_MIN_LOG_LEVEL"
