@@ -138,15 +138,18 @@ def has_kernel(op_type: str, device_type: str = "") -> bool:
 
 
 def restore_trace_check() -> None:
-  """Puts TensorFlow's profiler check (`trace.enabled`, a function that
-  convert_to_tensor, tf.Variable and tf.summary call) back where jaxlib
-  0.6.2, the last JAX for Python 3.10, replaced it with a bool: its
-  profiler hooks set `tensorflow.python.profiler.trace.enabled` to True when
-  a JAX trace starts and to False when it stops, and every TensorFlow call
-  then raises TypeError: 'bool' object is not callable (jaxlib 0.10.2 does
-  not). A no-op where the check is intact."""
-  if not callable(_trace.enabled):
-    _trace.enabled = _pywrap_traceme.traceme_enabled
+  """Puts TensorFlow's profiler check back where jaxlib 0.6.2, the last JAX
+  for Python 3.10, replaced it. In TensorFlow 2.21 the check
+  (`tensorflow.python.profiler.trace.enabled`) is a function, which
+  convert_to_tensor, tf.Variable and tf.summary call; jaxlib 0.6.2's
+  profiler hooks set it to True when a JAX trace starts and to False when
+  it stops, as they do for TensorFlow 2.19 (the TPU build), where it is a
+  bool that the hooks own (left as it is here). On 2.21 every call then
+  raised TypeError: 'bool' object is not callable; jaxlib 0.10.2 does not
+  touch it. A no-op where the check is intact."""
+  check = getattr(_pywrap_traceme, "traceme_enabled", None)
+  if check is not None and not callable(_trace.enabled):
+    _trace.enabled = check
 
 
 # --- graphs without a device (traced, never run) -------------------------------
