@@ -62,7 +62,7 @@ BN_ALL_REDUCES = {1: (0, 0), 2: (34, 40), 4: (34, 40), 8: (34, 40)}
 # XLA:CPU as jaxlib 0.6.2 (the last JAX for Python 3.10) builds it combines
 # no all-reduces: each tensor is summed on its own, every gradient (the
 # shared ones too), moving statistic, metric sum and BN group sum; 0.10.2
-# and 0.11.2 combine them as pinned above. GPU and TPU combine them in all.
+# and 0.11.2 combine them as pinned above.
 COMBINED = jax.__version_info__ >= (0, 10)
 
 
