@@ -79,7 +79,8 @@ free-space-ci:
 	@$(PYTHON) tests/free_space.py $(SCRATCH_GB) $(CI_ENV_GB)
 
 test-tf: venv
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile \
+	    --no-loadscope-reorder --durations=15
 
 # The JAX engine's suite (tests_jax/) in its own pytest process, on 8
 # virtual CPU devices (tests_jax/conftest.py), in the same .venv: the JAX
@@ -90,7 +91,7 @@ test-jax: venv
 	$(PY) -c "import jax, keras; print('JAX', jax.__version__, 'Keras', \
 	    keras.__version__)"
 	TF_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q -n $(TEST_WORKERS) \
-	    --dist loadfile --durations=10 tests_jax
+	    --dist loadfile --no-loadscope-reorder --durations=10 tests_jax
 
 # requirements/constraints/test-py<X.Y>.txt: everything make test's .venv
 # resolves on Python X.Y, pinned, for each Python the set claims; pip's dry
