@@ -5,10 +5,12 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -26,13 +28,45 @@ TINY = ("--strategy=cpu", "--num_cpu_replicas=2", "--use_synthetic_data",
         "--warmup_epochs=0", "--checkpoint_every_minutes=0")
 
 
+# The test session's JAX compilation cache: one folder that every main.py
+# run of the session's pytest processes keeps its compiled programs in, as
+# a user's runs do who sets JAX's own JAX_COMPILATION_CACHE_DIR (what
+# --jax_compilation_cache_dir=auto takes first). A run whose program an
+# earlier run compiled loads it instead of compiling it again.
+# tests_jax/test_compilation_cache.py measures cold and restarted runs in
+# folders of their own.
+SESSION_JAX_CACHE = "RESNET_TPU_TEST_JAX_CACHE"
+
+
+_OWN_JAX_CACHE = pytest.StashKey[str]()
+
+
+def open_session_jax_cache(config: pytest.Config) -> None:
+  """pytest_configure: the session's cache folder, made by its first
+  process (pytest-xdist's workers, and a pytest that a test starts,
+  inherit its environment)."""
+  if not os.environ.get(SESSION_JAX_CACHE):
+    path = tempfile.mkdtemp(prefix="jax_cache_")
+    os.environ[SESSION_JAX_CACHE] = config.stash[_OWN_JAX_CACHE] = path
+
+
+def close_session_jax_cache(config: pytest.Config) -> None:
+  """pytest_unconfigure: the folder goes with the session that made it."""
+  path = config.stash.get(_OWN_JAX_CACHE, "")
+  if path:
+    os.environ.pop(SESSION_JAX_CACHE, None)
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def env(**extra: str) -> dict:
   """This process's environment without the test session's engine settings
   (main.py sets its own from --strategy and --backend, and chooses the CPU
-  kernels), plus `extra`."""
+  kernels), with the session's JAX compilation cache, plus `extra`."""
   kept = {k: v for k, v in os.environ.items()
           if k not in ("XLA_FLAGS", "JAX_PLATFORMS", "KERAS_BACKEND",
-                       "TF_ENABLE_ONEDNN_OPTS")}
+                       "TF_ENABLE_ONEDNN_OPTS", SESSION_JAX_CACHE)}
+  if os.environ.get(SESSION_JAX_CACHE):
+    kept["JAX_COMPILATION_CACHE_DIR"] = os.environ[SESSION_JAX_CACHE]
   return {**kept, **extra}
 
 
