@@ -50,6 +50,19 @@ def pytest_unconfigure(config: pytest.Config) -> None:
   close_session_jax_cache(config)
 
 
+@pytest.fixture(autouse=True)
+def compilation_cache_off_after_each_test():
+  """A run in this process (run.run) turns JAX's persistent compilation
+  cache on in its model_dir for the rest of the process: the next test's
+  compiles would be written in a folder that is not its own (and may be
+  gone). Each test starts with the cache off, as the session does."""
+  yield
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.config.jax_compilation_cache_dir:
+    from resnet_tpu.engines.jax import startup  # pylint: disable=g-import-not-at-top
+    startup.use_compilation_cache("")
+
+
 def tf_python() -> str:
   """The interpreter of the TensorFlow environment."""
   python = os.environ.get("TF_PYTHON") or os.path.join(ROOT, ".venv", "bin",
