@@ -36,9 +36,7 @@ TINY = ("--strategy=cpu", "--num_cpu_replicas=2", "--use_synthetic_data",
 # tests_jax/test_compilation_cache.py measures cold and restarted runs in
 # folders of their own.
 SESSION_JAX_CACHE = "RESNET_TPU_TEST_JAX_CACHE"
-
-
-_OWN_JAX_CACHE = pytest.StashKey[str]()
+_OWN_JAX_CACHE = pytest.StashKey[str]()  # set in the process that made it
 
 
 def open_session_jax_cache(config: pytest.Config) -> None:
