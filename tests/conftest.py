@@ -14,10 +14,10 @@ process_setup.apply_cpu_kernel_choice("auto", "cpu")
 
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from main_runs import close_session_jax_cache  # noqa: E402
-from main_runs import open_session_jax_cache  # noqa: E402
 from resnet_tpu.runtime import compat  # noqa: E402
 from schedule import longest_first  # noqa: E402
+from session_hooks import pytest_configure  # noqa: E402,F401
+from session_hooks import pytest_unconfigure  # noqa: E402,F401
 
 # 16 for the 4x4 replica grid of the 2-D gradient all-reduce tests; idle
 # virtual devices cost no measurable test time.
@@ -38,14 +38,6 @@ LONGEST_FILES = ("test_demo_on_both_engines.py", "test_accelerator_check.py",
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
   longest_first(items, LONGEST_FILES)
-
-
-def pytest_configure(config: pytest.Config) -> None:
-  open_session_jax_cache(config)
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-  close_session_jax_cache(config)
 
 
 def cpu_strategy(num_replicas: int) -> tf.distribute.MirroredStrategy:

@@ -5,12 +5,10 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 import pytest
@@ -36,24 +34,6 @@ TINY = ("--strategy=cpu", "--num_cpu_replicas=2", "--use_synthetic_data",
 # tests_jax/test_compilation_cache.py measures cold and restarted runs in
 # folders of their own.
 SESSION_JAX_CACHE = "RESNET_TPU_TEST_JAX_CACHE"
-_OWN_JAX_CACHE = pytest.StashKey[str]()  # set in the process that made it
-
-
-def open_session_jax_cache(config: pytest.Config) -> None:
-  """pytest_configure: the session's cache folder, made by its first
-  process (pytest-xdist's workers, and a pytest that a test starts,
-  inherit its environment)."""
-  if not os.environ.get(SESSION_JAX_CACHE):
-    path = tempfile.mkdtemp(prefix="jax_cache_")
-    os.environ[SESSION_JAX_CACHE] = config.stash[_OWN_JAX_CACHE] = path
-
-
-def close_session_jax_cache(config: pytest.Config) -> None:
-  """pytest_unconfigure: the folder goes with the session that made it."""
-  path = config.stash.get(_OWN_JAX_CACHE, "")
-  if path:
-    os.environ.pop(SESSION_JAX_CACHE, None)
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def env(**extra: str) -> dict:

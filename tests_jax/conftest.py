@@ -23,9 +23,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The helpers both suites share (tests/main_runs.py: main.py as a user
 # starts it; tests/damaged_shards.py).
 sys.path.insert(1, os.path.join(ROOT, "tests"))
-from main_runs import close_session_jax_cache  # noqa: E402
-from main_runs import open_session_jax_cache  # noqa: E402
 from schedule import longest_first  # noqa: E402
+from session_hooks import pytest_configure  # noqa: E402,F401
+from session_hooks import pytest_unconfigure  # noqa: E402,F401
 
 TF_REFERENCE_TIMEOUT_S = 900
 # The suite's longest files, longest first (tests/schedule.py): seconds
@@ -40,14 +40,6 @@ LONGEST_FILES = ("test_engines.py", "test_multi_host.py",
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
   longest_first(items, LONGEST_FILES)
-
-
-def pytest_configure(config: pytest.Config) -> None:
-  open_session_jax_cache(config)
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-  close_session_jax_cache(config)
 
 
 @pytest.fixture(autouse=True)
