@@ -1,7 +1,9 @@
 """Input iterators never stall a run when they go away (issue 38):
 evaluations share one iterator, and finished iterators are dropped on a
-thread of their own (resnet_tpu/engines/tensorflow/iterators.py). The stall
-itself is measured, old path against new, by lab/bench_eval.py."""
+thread of their own (resnet_tpu/engines/tensorflow/iterators.py, with
+inputs/iterator_release.py's release, which JAX's host pipelines use too:
+tests_jax/test_host_batches.py). The stall itself is measured, old path
+against new, by lab/bench_eval.py."""
 import sys
 import threading
 import time

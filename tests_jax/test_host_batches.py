@@ -5,6 +5,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 
 import jax
 import numpy as np
@@ -134,3 +135,35 @@ def test_fault_counts_from_tf_data_equal_the_eager_ones_on_a_damaged_file(
     assert images.shape == (4, 8, 8, 3)
     lost += lost_here.numpy()
   assert lost >= 4  # a pass's 4 lost records among 24 read
+
+
+def _released_iterators(monkeypatch) -> list:
+  """(type name, dropped) of each item host_batches hands to release:
+  dropped when release's list held its last reference, so that the real
+  release's thread is the one that deletes it."""
+  released = []
+
+  def release(owned):
+    names = [type(item).__name__ for item in owned]
+    refs = [weakref.ref(item) for item in owned]
+    owned.clear()
+    released.extend((name, ref() is None) for name, ref in zip(names, refs))
+  monkeypatch.setattr(host_batches, "release", release)
+  return released
+
+
+def test_a_closed_or_finished_pipeline_leaves_its_iterator_to_release(
+    monkeypatch):
+  # Deleting a tf.data iterator waits for its autotune thread's wake-up
+  # (inputs/iterator_release.py), so the reader's thread must not delete
+  # it: release's list holds the last reference.
+  released = _released_iterators(monkeypatch)
+  batched = lambda _: tf.data.Dataset.range(8).batch(2).map(
+      lambda i: (tf.cast(i, tf.float32), tf.cast(i, tf.int32)))
+  train = host_batches.train_batches(batched, num_sources=1)
+  next(train)
+  train.close()
+  evaluation = host_batches.eval_batches(batched)
+  assert [batch[1].tolist() for batch in evaluation] == [
+      [0, 1], [2, 3], [4, 5], [6, 7]]
+  assert released == [("OwnedIterator", True)] * 2

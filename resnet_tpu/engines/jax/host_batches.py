@@ -9,7 +9,11 @@ batches carry their fault counts (record_guards.fault_counts, the same
 counts the TensorFlow step sums), computed in the tf.data pipeline, so a
 JAX run names its unusable and lost records as the TensorFlow one does.
 Every array is handed over without a copy (compat.tensor_buffer), as
-flax's imagenet input does (issue 60).
+flax's imagenet input does (issue 60). A pipeline's tf.data iterator, when
+its pass ends or its reader closes it, is dropped beside the run
+(inputs/iterator_release.py), as TensorFlow's engine drops its own:
+deleting it where it ended waited up to 10 s at every JAX run's end, for
+the autotune thread's wake-up (prefetch.py's close gave up and warned).
 """
 from typing import Iterator
 
@@ -18,6 +22,7 @@ import tensorflow as tf
 
 from resnet_tpu.inputs import record_guards
 from resnet_tpu.inputs.input_pipeline import DatasetFn
+from resnet_tpu.inputs.iterator_release import release
 from resnet_tpu.runtime import compat
 
 
@@ -41,8 +46,7 @@ def train_batches(dataset_fn: DatasetFn, num_sources: int,
                                                            num_sources)
     return images, labels, tf.concat([[unusable, lost], by_source], 0)
 
-  for batch in dataset_fn(context).map(with_faults):
-    yield tuple(compat.tensor_buffer(t) for t in batch)
+  yield from _numpy_batches(dataset_fn(context).map(with_faults))
 
 
 def eval_batches(dataset_fn: DatasetFn,
@@ -51,5 +55,16 @@ def eval_batches(dataset_fn: DatasetFn,
   """(images, labels, mask): this host's share of each global batch of one
   pass over the eval set (mask 0 on the padding); every host yields the
   same number of batches (input_pipeline.eval_dataset_fn)."""
-  for batch in dataset_fn(context):
-    yield tuple(compat.tensor_buffer(t) for t in batch)
+  yield from _numpy_batches(dataset_fn(context))
+
+
+def _numpy_batches(dataset: tf.data.Dataset) -> Iterator[tuple]:
+  """Each element of `dataset` as numpy arrays; its iterator, at the end
+  of the pass or when the caller closes this generator, released on a
+  thread of its own."""
+  owned = [iter(dataset)]
+  try:
+    for batch in owned[0]:
+      yield tuple(compat.tensor_buffer(t) for t in batch)
+  finally:
+    release(owned)

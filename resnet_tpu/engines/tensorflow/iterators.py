@@ -2,43 +2,23 @@
 
 Under MirroredStrategy each iterator holds one tf.data iterator per device,
 each with its own autotune thread (the per-device datasets of
-MultiDeviceIterator have default options). Deleting one in TensorFlow 2.21
-waits, per device, for that thread's next wake-up: its period doubles up
-to 60 s, and the wait is idle (0 % CPU, the GIL released). On 8 CPU
-replicas deleting an iterator that had run a few seconds took 5 to 137 s
-(issue 38; lab/bench_eval.py measures it). With autotune off in per-replica
-datasets the same deletion takes 0.01 s, which confirms the cause, but the
-default placement gives no way to turn it off. So:
+MultiDeviceIterator have default options). Deleting one waits, per device,
+for that thread's next wake-up (inputs/iterator_release.py): on 8 CPU
+replicas, 5 to 137 s (issue 38; lab/bench_eval.py). With autotune off in
+per-replica datasets the same deletion takes 0.01 s, which confirms the
+cause, but the default placement gives no way to turn it off. So:
 
 - evaluations read one long-lived iterator over the eval set repeated
   (`EvalInput`), never a new one per evaluation;
 - an iterator that is done is handed to a thread that drops it
-  (`release`): the wait happens there, beside the run. The thread is not a
-  daemon: one inside TensorFlow's C++ when the interpreter shuts down
-  aborts the process (seen as exit -6 on loopback workers), so a process
-  waits for it at exit; main.py skips that wait where it runs alone
-  (process_setup.exit_skipping_teardown).
+  (iterator_release.release): the wait happens there, beside the run.
 """
-import threading
 from typing import Iterator
 
 import tensorflow as tf
 
 from resnet_tpu.inputs.input_pipeline import DatasetFn
-
-
-def release(owned: list) -> None:
-  """Empties `owned` and drops its items on a thread of their own.
-
-  The list must hold the only references left (the caller `del`s its own
-  names first), so that the thread deletes them, whichever of the two
-  threads runs first.
-  """
-  kept = [item for item in owned if item is not None]
-  owned.clear()
-  if kept:
-    threading.Thread(target=kept.clear, daemon=False,
-                     name="release_input_iterators").start()
+from resnet_tpu.inputs.iterator_release import release
 
 
 class EvalInput:
