@@ -1,6 +1,7 @@
 """tools/accelerator_check.py: the first command on a TPU VM or a GPU host,
 kept alive by running it at CI size on CPU replicas; every row is made to
-fail once by a real fault, so a PASS means something."""
+fail once by a real fault (the throughput row by measured rates below its
+floor, given to its verdict), so a PASS means something."""
 import json
 import os
 import subprocess
@@ -15,6 +16,7 @@ from conftest import cpu_strategy
 from resnet_tpu.parallel.tensorflow import bn_all_reduce
 from tools import accelerator_rows
 from tools import accelerator_report
+from tools import bench_common
 from simulated_slices import simulated_topology
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -145,10 +147,20 @@ def test_xla_compile_fails_when_the_compiled_step_is_not_finite(
   assert "NON-FINITE" in row.detail
 
 
-def test_throughput_fails_below_its_floor(tmp_path):
-  row = accelerator_rows.throughput(cpu_strategy(1), TINY, str(tmp_path),
-                                      "float32", 1, min_ratio=1e6)
-  assert row.result == "FAIL" and 0 < row.measured["ours_vs_keras"] < 1e6
+def test_throughput_fails_below_its_floor(tmp_path, monkeypatch):
+  # Ours measured at half Keras's images/s (the tiny check above measures
+  # them for real): below a floor of 0.8, above one of 0.4.
+  rates = {None: 10.0, bench_common.keras_resnet50: 20.0}  # by model_fn
+  monkeypatch.setattr(accelerator_rows, "TensorFlowEngine",
+                      lambda cfg, strategy, model_fn: model_fn)
+  monkeypatch.setattr(accelerator_rows, "_images_per_second",
+                      lambda model_fn, steps: lambda: rates[model_fn])
+  for floor, result in ((0.8, "FAIL"), (0.4, "PASS")):
+    row = accelerator_rows.throughput(cpu_strategy(1), TINY, str(tmp_path),
+                                      "float32", 1, min_ratio=floor)
+    assert row.result == result
+    assert row.measured["ours_vs_keras"] == 0.5
+    assert "10.0 vs 20.0 images/s per chip, ours/Keras 0.50x" in row.detail
 
 
 def test_a_tpu_slices_chips_come_from_its_topology():
