@@ -12,8 +12,8 @@ Every array is handed over without a copy (compat.tensor_buffer), as
 flax's imagenet input does (issue 60). A pipeline's tf.data iterator, when
 its pass ends or its reader closes it, is dropped beside the run
 (inputs/iterator_release.py), as TensorFlow's engine drops its own:
-deleting it where it ended waited up to 10 s at every JAX run's end, for
-the autotune thread's wake-up (prefetch.py's close gave up and warned).
+deleting it where it ended made a JAX run's end wait up to 10 s for the
+autotune thread's wake-up (where prefetch.py's close gave up and warned).
 """
 from typing import Iterator
 
