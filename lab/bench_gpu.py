@@ -22,7 +22,7 @@ comparable last, where a spent budget would cut it):
                 (Conv2D, BatchNormalization) and a plain jitted step;
   torch_eager, torch_compile
                 torchvision's resnet50 (v1.5), channels-last, bf16 autocast,
-                cudnn.benchmark on;
+                cudnn.benchmark on (--torch_device=cpu rehearses them);
   keras_app     keras.applications.ResNet50 (v1) and the same plain step.
 The Keras steps share the loss (label smoothing 0.1, L2 1e-4 on kernels)
 and momentum SGD; torch's is the same, weight decay in the optimizer. Input
@@ -94,6 +94,9 @@ flags.DEFINE_integer("loop_steps_per_loop", 20,
 flags.DEFINE_integer("loop_host_loops", 6,
                      "The loop workload's host loops (the first compiles).")
 flags.DEFINE_float("budget_s", 410.0, "Wall-clock budget of the whole run.")
+flags.DEFINE_enum("torch_device", "cuda", ["cuda", "cpu"],
+                  "Where the torch workloads run: cpu only to rehearse them "
+                  "(a GPU run stops at once where torch sees no GPU).")
 
 WORKLOAD_TIMEOUT_S = 240
 # Held back for each workload still to run: a guess (no GPU has run this
@@ -322,14 +325,16 @@ def run_keras(workload: str) -> dict:
 
 
 def run_torch(workload: str) -> dict:
-  """torchvision's resnet50, eager or torch.compile'd, bf16 autocast."""
+  """torchvision's resnet50, eager or torch.compile'd, bf16 autocast, on
+  --torch_device."""
   import torch  # pylint: disable=g-import-not-at-top
   import torchvision  # pylint: disable=g-import-not-at-top
-  if not torch.cuda.is_available():
+  on_gpu = FLAGS.torch_device == "cuda"
+  if on_gpu and not torch.cuda.is_available():
     raise RuntimeError("torch sees no GPU")
   # cuDNN's fastest algorithm per shape, as torch's own ResNet recipes.
   torch.backends.cudnn.benchmark = True
-  device = torch.device("cuda")
+  device = torch.device(FLAGS.torch_device)
   model = torchvision.models.resnet50(num_classes=FLAGS.num_classes).to(
       device, memory_format=torch.channels_last)
   optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE,
@@ -342,33 +347,40 @@ def run_torch(workload: str) -> dict:
                          device=device)
 
   def train(x, y):
-    with torch.autocast("cuda", dtype=torch.bfloat16):
+    with torch.autocast(device.type, dtype=torch.bfloat16):
       loss = loss_fn(model(x), y)
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return loss
 
+  def synchronize():
+    if on_gpu:
+      torch.cuda.synchronize()
+
   step = torch.compile(train) if workload == "torch_compile" else train
   start = time.perf_counter()
   step(images, labels)
-  torch.cuda.synchronize()
+  synchronize()
   compile_s = time.perf_counter() - start
   for _ in range(FLAGS.warmup_steps):
     step(images, labels)
-  torch.cuda.synchronize()
-  torch.cuda.reset_peak_memory_stats()
+  synchronize()
+  if on_gpu:
+    torch.cuda.reset_peak_memory_stats()
   windows = []
   for _ in range(FLAGS.repeats):
     start = time.perf_counter()
     for _ in range(FLAGS.steps):
       step(images, labels)
-    torch.cuda.synchronize()
+    synchronize()
     windows.append(time.perf_counter() - start)
   return {"compile_s": compile_s, "flops_per_step": None,
           "window_s": windows,
-          "peak_memory_bytes": int(torch.cuda.max_memory_allocated()),
-          "device": torch.cuda.get_device_name(), "platform": "gpu"}
+          "peak_memory_bytes": (int(torch.cuda.max_memory_allocated())
+                                if on_gpu else None),
+          "device": torch.cuda.get_device_name() if on_gpu else "cpu",
+          "platform": "gpu" if on_gpu else "cpu"}
 
 
 # -------------------------------------------------------------------- driver
@@ -411,7 +423,7 @@ def run_worker(workload: str, timeout_s: float) -> dict:
   command = [sys.executable, "-m", "lab.bench_gpu", f"--worker={workload}"]
   command += [f"--{name}={getattr(FLAGS, name)}" for name in (
       "depth", "batch_size", "image_size", "num_classes", "bn_images",
-      "warmup_steps", "steps", "repeats")]
+      "warmup_steps", "steps", "repeats", "torch_device")]
   env = dict(os.environ, KERAS_BACKEND="jax")
   try:
     done = subprocess.run(command, capture_output=True, text=True,
@@ -464,7 +476,7 @@ def drive() -> dict:
       "config": {name: getattr(FLAGS, name) for name in (
           "depth", "batch_size", "image_size", "num_classes", "bn_images",
           "warmup_steps", "steps", "repeats", "peak_tflops",
-          "loop_steps_per_loop", "loop_host_loops")},
+          "loop_steps_per_loop", "loop_host_loops", "torch_device")},
       "versions": _versions(results),
       "workloads": results,
       "ratios": ratios(results),

@@ -179,8 +179,9 @@ def test_a_tiny_run_reports_every_workload(tmp_path):
        "--depth=18", "--image_size=32", "--batch_size=16",
        "--num_classes=10", "--bn_images=4", "--steps=2",
        "--warmup_steps=1", "--loop_steps_per_loop=2", "--loop_host_loops=3",
-       "--budget_s=400",
-       "--workloads=ours,loop,stock_layers,ours_bn32,torch_eager"],
+       "--budget_s=400", "--torch_device=cpu",
+       "--workloads=ours,loop,stock_layers,ours_bn32,torch_eager,"
+       "torch_compile"],
       cwd=ROOT, check=True, timeout=600, env=env)
   report = json.load(open(tmp_path / "gpu_bench.json"))
   workloads = report["workloads"]
@@ -192,10 +193,13 @@ def test_a_tiny_run_reports_every_workload(tmp_path):
     assert low <= result["images_per_s"] <= high
     assert result["flops_per_step"] > 0 and 0 < result["mfu"], name
     assert result["compile_s"] > 0
-  # Where torch is not installed the workload says so, and the run goes on.
-  torch = workloads["torch_eager"]
-  assert "images_per_s" in torch or "No module named 'torch'" in torch[
-      "skipped"]
+  # Where torch is not installed the workloads say so, and the run goes on;
+  # where it is, they run on the CPU.
+  for name in ("torch_eager", "torch_compile"):
+    torch = workloads[name]
+    assert ("No module named 'torch'" in torch.get("skipped", "") or
+            len(torch["window_s"]) == 5 and torch["images_per_s"] > 0
+            and torch["platform"] == "cpu"), (name, torch)
   versions = report["versions"]
   assert versions["keras"] == keras.__version__
   assert versions["jax"] == jax.__version__
