@@ -252,23 +252,43 @@ bench-engines-cpu: venv
 	    --output_dir=$(BENCH_DIR)
 
 # ResNet-50 training steps on one GPU, the project's JAX step beside stock
-# Keras and torchvision (lab/bench_gpu.py), in a Python with JAX and Keras
-# (and torch): e.g. make bench-gpu BENCH_PYTHON=python3. Writes
-# bench_results/gpu_bench.json.
+# Keras and torchvision (lab/bench_gpu.py), in a Python with JAX (and torch):
+# e.g. make bench-gpu BENCH_PYTHON=python3 BENCH_OUT=DIR (default
+# bench_results/). A Python without Keras (the lent H200's) takes it from the
+# wheels in $(BENCH_WHEELS) (make bench-gpu-wheels, run where pip reaches an
+# index), installed into $(BENCH_SITE) first. BENCH_FLAGS: more flags (the
+# CPU rehearsal's small shapes, tests_jax/test_bench_gpu.py).
 BENCH_PYTHON ?= python3
+BENCH_OUT ?= bench_results
+BENCH_WHEELS ?= .whl
+BENCH_SITE ?= .bench-site
 
 bench-gpu:
-	KERAS_BACKEND=jax $(BENCH_PYTHON) -m lab.bench_gpu \
-	    --output_dir=bench_results
+	@site=; $(BENCH_PYTHON) -c 'import importlib.util as u, sys; \
+	    sys.exit(u.find_spec("keras") is None)' || { \
+	  ls $(BENCH_WHEELS)/keras-*.whl >/dev/null 2>&1 || { \
+	    echo "make: $(BENCH_PYTHON) has no Keras, and $(BENCH_WHEELS)/" \
+	        "has no Keras wheel: run make bench-gpu-wheels on a machine" \
+	        "that reaches a package index, and carry $(BENCH_WHEELS)/" >&2; \
+	    exit 1; }; \
+	  echo "Keras from $(BENCH_WHEELS)/ into $(BENCH_SITE)/"; \
+	  $(BENCH_PYTHON) -m pip install --quiet --no-index --no-deps \
+	      --no-compile --upgrade --target $(abspath $(BENCH_SITE)) \
+	      $(BENCH_WHEELS)/*.whl || exit 1; \
+	  site=$(abspath $(BENCH_SITE)):; }; set -x; \
+	PYTHONPATH=$$site$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} \
+	    KERAS_BACKEND=jax $(BENCH_PYTHON) -m lab.bench_gpu \
+	    --output_dir=$(BENCH_OUT) $(BENCH_FLAGS)
 
 # The wheels that bench carries to a machine with JAX and no Keras (the
-# lent H200: Python 3.12), into .whl/; its docstring has the command there.
+# lent H200: Python 3.12), into .whl/; there: make bench-gpu BENCH_OUT=DIR.
 bench-gpu-wheels: requirements/bench-gpu.txt
 	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: \
 	    --python-version 3.12 --implementation cp \
 	    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-	    --platform manylinux2014_x86_64 -d .whl -r requirements/bench-gpu.txt
-	ls -l .whl
+	    --platform manylinux2014_x86_64 -d $(BENCH_WHEELS) \
+	    -r requirements/bench-gpu.txt
+	ls -l $(BENCH_WHEELS)
 
 # Distributed BN's group all-reduce, subgroup collective vs the masked
 # fallback (why --bn_all_reduce=auto picks the collective): under a minute.
@@ -365,4 +385,4 @@ study-regime: venv fashion-mnist
 	    --output_dir=bench_results/studies
 
 clean:
-	rm -rf $(DEMO_RUN) $(DEMO_DATA) bench_results/*.tmp
+	rm -rf $(DEMO_RUN) $(DEMO_DATA) bench_results/*.tmp $(BENCH_SITE)

@@ -43,14 +43,13 @@ JAX_LOG_COMPILES logs through the first host loop and after it (0 in a
 steady run; their names if not), and the checkpoint's name (.npz where
 TensorFlow is absent) and seconds; main.py's log in gpu_bench_loop.log.
 
-On the lent H200 (no TensorFlow there; Keras, namex and optree carried as
-Python 3.12 wheels, `make bench-gpu-wheels`):
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site \
-      .whl/*.whl && PYTHONPATH=/tmp/site:. python3 -m lab.bench_gpu \
-      --output_dir=$OUT
-Elsewhere: `python -m lab.bench_gpu --output_dir=DIR` with
-KERAS_BACKEND=jax, or `make bench-gpu` (BENCH_PYTHON: a Python with JAX and
-Keras).
+On the lent H200 (no TensorFlow or Keras there, no network): here, `make
+bench-gpu-wheels` (Keras, namex and optree as Python 3.12 wheels, into
+.whl/); there, with .whl/ carried, `make bench-gpu BENCH_OUT=$OUT`, which
+installs them into .bench-site/ first. Elsewhere: `make bench-gpu
+BENCH_PYTHON=P BENCH_OUT=DIR` (P: a Python with JAX, and Keras or those
+wheels), or `python -m lab.bench_gpu --output_dir=DIR` with
+KERAS_BACKEND=jax.
 The whole run takes at most --budget_s (410 s; the lent call's 420 s less
 the wheels' install). Each workload may take what is left of --budget_s less
 RESERVED_S for every workload after it (and at most WORKLOAD_TIMEOUT_S), so
@@ -481,8 +480,8 @@ def drive() -> dict:
       "workloads": results,
       "ratios": ratios(results),
       "wall_s": time.perf_counter() - start,
-      "rerun": "python -m lab.bench_gpu --output_dir=DIR (see its "
-               "docstring for the lent H200)",
+      "rerun": "make bench-gpu BENCH_OUT=DIR (lab/bench_gpu.py's "
+               "docstring: the lent H200)",
   }
 
 

@@ -173,15 +173,18 @@ def test_a_tiny_run_reports_every_workload(tmp_path):
   # on the H200 its one GPU.
   env = {k: v for k, v in os.environ.items()
          if k not in ("KERAS_BACKEND", "XLA_FLAGS")}
-  env["PYTHONPATH"] = os.pathsep.join([HIDE_TENSORFLOW, ROOT])
+  env["PYTHONPATH"] = HIDE_TENSORFLOW
+  # Through the make target the lent GPU runs (make adds the repository to
+  # PYTHONPATH); this Python has Keras, so it installs no wheels.
   subprocess.run(
-      [sys.executable, "-m", "lab.bench_gpu", f"--output_dir={tmp_path}",
-       "--depth=18", "--image_size=32", "--batch_size=16",
-       "--num_classes=10", "--bn_images=4", "--steps=2",
-       "--warmup_steps=1", "--loop_steps_per_loop=2", "--loop_host_loops=3",
-       "--budget_s=400", "--torch_device=cpu",
-       "--workloads=ours,loop,stock_layers,ours_bn32,torch_eager,"
-       "torch_compile"],
+      ["make", "-s", "-C", ROOT, "bench-gpu", f"BENCH_PYTHON={sys.executable}",
+       f"BENCH_OUT={tmp_path}", "BENCH_FLAGS=" + " ".join([
+           "--depth=18", "--image_size=32", "--batch_size=16",
+           "--num_classes=10", "--bn_images=4", "--steps=2",
+           "--warmup_steps=1", "--loop_steps_per_loop=2",
+           "--loop_host_loops=3", "--budget_s=400", "--torch_device=cpu",
+           "--workloads=ours,loop,stock_layers,ours_bn32,torch_eager,"
+           "torch_compile"])],
       cwd=ROOT, check=True, timeout=600, env=env)
   report = json.load(open(tmp_path / "gpu_bench.json"))
   workloads = report["workloads"]
@@ -222,3 +225,20 @@ def test_a_tiny_run_reports_every_workload(tmp_path):
   assert report["ratios"]["ours_vs_stock_layers"] == pytest.approx(
       workloads["ours"]["images_per_s"] /
       workloads["stock_layers"]["images_per_s"])
+
+
+def test_make_bench_gpu_without_keras_or_its_wheels_says_what_to_do(
+    tmp_path):
+  """A Python without Keras (-S: no site-packages) and no wheels to install
+  it from: one line names both and the command that fetches them, before
+  any workload starts."""
+  done = subprocess.run(
+      ["make", "-s", "-C", ROOT, "bench-gpu",
+       f"BENCH_PYTHON={sys.executable} -S", f"BENCH_OUT={tmp_path}",
+       f"BENCH_WHEELS={tmp_path}/none"],
+      capture_output=True, text=True, timeout=60,
+      env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+  assert done.returncode != 0
+  assert "has no Keras" in done.stderr and "make bench-gpu-wheels" in (
+      done.stderr), done.stderr
+  assert not (tmp_path / "gpu_bench.json").exists()
