@@ -21,8 +21,10 @@ comparable last, where a spent budget would cut it):
   stock_layers  the same v1.5 network built from stock keras.layers
                 (Conv2D, BatchNormalization) and a plain jitted step;
   torch_eager, torch_compile
-                torchvision's resnet50 (v1.5), channels-last, bf16 autocast,
-                cudnn.benchmark on (--torch_device=cpu rehearses them);
+                torchvision's resnet50 (v1.5; resnet18 etc. at other
+                --depth), channels-last, bf16 autocast,
+                cudnn.benchmark on, the model torch.compile'd in the second
+                (--torch_device=cpu rehearses them);
   keras_app     keras.applications.ResNet50 (v1) and the same plain step.
 The Keras steps share the loss (label smoothing 0.1, L2 1e-4 on kernels)
 and momentum SGD; torch's is the same, weight decay in the optimizer. Input
@@ -31,17 +33,24 @@ batch, handed to the device each step as real input is). bf16 compute,
 float32 weights.
 
 Reported per workload: images/s and step ms (median over --repeats windows
-of --steps steps, with min and max), compile seconds, FLOPs per step (XLA's
-cost analysis of the compiled Keras step; torch takes stock_layers', the
-same v1.5 network), MFU against --peak_tflops (989.4: NVIDIA's H100/H200
-SXM dense bf16 figure) and peak device memory. BN groups on one GPU show
-only their arithmetic: with one device there is no all-reduce to pay.
+of --steps steps, with min and max), compile seconds, the model's FLOPs per
+step (lab/model_flops.py: 3 x the forward pass's conv and dense FLOPs; torch
+takes stock_layers', the same v1.5 network), MFU from them against
+--peak_tflops (989.4: NVIDIA's H100/H200 SXM dense bf16 figure), XLA's own
+FLOP count of the compiled step (for reference only: on a GPU it leaves out
+the cuDNN and cuBLAS calls, jax-ml/jax#16008), and peak device memory
+(JAX's includes what compiling took; XLA's memory analysis of the step
+beside it). BN groups on one GPU show only their arithmetic: with one
+device there is no all-reduce to pay.
 For `loop`: the host loops' images/s after the first (median, min, max)
 and against `ours` (ratios.loop_vs_ours: what the input hand-off and the
 loop cost), the first loop's seconds (start-up compiles), the compiles
 JAX_LOG_COMPILES logs through the first host loop and after it (0 in a
 steady run; their names if not), and the checkpoint's name (.npz where
 TensorFlow is absent) and seconds; main.py's log in gpu_bench_loop.log.
+The workers' stderr, each workload's last lines, in gpu_bench_workers.log.
+gpu_bench.json is rewritten after every workload ("finished": false until
+the last), so a call cut short still brings back what ran.
 
 On the lent H200 (no TensorFlow or Keras there, no network): here, `make
 bench-gpu-wheels` (Keras, namex and optree as Python 3.12 wheels, into
@@ -51,11 +60,13 @@ BENCH_PYTHON=P BENCH_OUT=DIR` (P: a Python with JAX, and Keras or those
 wheels), or `python -m lab.bench_gpu --output_dir=DIR` with
 KERAS_BACKEND=jax.
 The whole run takes at most --budget_s (410 s; the lent call's 420 s less
-the wheels' install). Each workload may take what is left of --budget_s less
-RESERVED_S for every workload after it (and at most WORKLOAD_TIMEOUT_S), so
-one that hangs cannot cut the rest. Versions are read from the installed
-distributions (no import: the parent holds no device) and the device from
-the workers.
+the wheels' install). The workloads run in order of importance, each with
+what is left of the budget, at most WORKLOAD_TIMEOUT_S (so that one hang
+costs less than half of it); one left less than MIN_SLOT_S is skipped and
+named. No time is held back for later workloads: a ResNet-50 compile does
+not fit a small slot, so a slot too small for it is only time lost.
+Versions are read from the installed distributions (no import: the parent
+holds no device) and the device from the workers.
 """
 import contextlib
 import importlib.metadata
@@ -66,11 +77,13 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Callable, TextIO
 
 from absl import app
 from absl import flags
 
 from lab import bench_gpu_loop
+from lab import model_flops
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("output_dir", "bench_results", "Where gpu_bench.json goes.")
@@ -97,10 +110,13 @@ flags.DEFINE_enum("torch_device", "cuda", ["cuda", "cpu"],
                   "Where the torch workloads run: cpu only to rehearse them "
                   "(a GPU run stops at once where torch sees no GPU).")
 
-WORKLOAD_TIMEOUT_S = 240
-# Held back for each workload still to run: a guess (no GPU has run this
-# yet) at one JAX ResNet-50 compile and its 105 steps.
-RESERVED_S = 45
+# The most one workload may take: a hang costs less than half the budget.
+WORKLOAD_TIMEOUT_S = 180
+# Less than this left, a workload is skipped: a guess (no GPU has run this
+# yet) at the least in which a ResNet-50 compiles and takes its 105 steps.
+MIN_SLOT_S = 45
+# Each workload's last stderr lines kept in gpu_bench_workers.log.
+LOG_LINES = 200
 LABEL_SMOOTHING = 0.1
 WEIGHT_DECAY = 1e-4
 LEARNING_RATE = 0.1
@@ -151,18 +167,22 @@ def stock_keras_layers():
     resnet.Conv2D, resnet._bn = saved
 
 
-def _keras_model(workload: str):
+def keras_model(workload: str, depth: int, image_size: int,
+                num_classes: int):
+  """The Keras network of `workload`, in bfloat16: the project's v1.5, the
+  same from stock layers (stock_layers) or keras.applications' ResNet50
+  (keras_app, v1, whatever `depth`)."""
   import keras  # pylint: disable=g-import-not-at-top
   from resnet_tpu.config import ModelConfig  # pylint: disable=g-import-not-at-top
   from resnet_tpu.model import resnet  # pylint: disable=g-import-not-at-top
-  cfg = ModelConfig(resnet_depth=FLAGS.depth, image_size=FLAGS.image_size,
-                    num_classes=FLAGS.num_classes, precision="bfloat16",
+  cfg = ModelConfig(resnet_depth=depth, image_size=image_size,
+                    num_classes=num_classes, precision="bfloat16",
                     bfloat16_conv_kernels="native")
   if workload == "keras_app":
     with resnet.dtype_policy("bfloat16"):
       return keras.applications.ResNet50(
-          weights=None, input_shape=(FLAGS.image_size,) * 2 + (3,),
-          classes=FLAGS.num_classes, classifier_activation=None)
+          weights=None, input_shape=(image_size,) * 2 + (3,),
+          classes=num_classes, classifier_activation=None)
   if workload == "stock_layers":
     with stock_keras_layers():
       return resnet.build_model(cfg)
@@ -256,11 +276,26 @@ def virtual_replicas_step(train_step, replicas: int, group_size: int = 1):
   return jax.jit(step, donate_argnums=0)
 
 
-def _flops(compiled) -> float | None:
+def _xla_flops(compiled) -> float | None:
+  """XLA's FLOP count of a compiled program: on a GPU without the library
+  calls (cuDNN, cuBLAS), so only a reference beside the model's."""
   analysis = compiled.cost_analysis()
   if isinstance(analysis, (list, tuple)):
     analysis = analysis[0] if analysis else None
   return float(analysis["flops"]) if analysis and "flops" in analysis else None
+
+
+def _xla_memory(compiled) -> int | None:
+  """The step's bytes by XLA's memory analysis: arguments, outputs and
+  scratch, less what the outputs reuse of the (donated) arguments."""
+  try:
+    m = compiled.memory_analysis()
+  except NotImplementedError:
+    return None
+  if m is None:
+    return None
+  return int(m.argument_size_in_bytes + m.output_size_in_bytes +
+             m.temp_size_in_bytes - m.alias_size_in_bytes)
 
 
 def _peak_memory() -> int | None:
@@ -278,7 +313,8 @@ def run_keras(workload: str) -> dict:
   # pylint: disable-next=g-import-not-at-top
   from resnet_tpu.parallel.jax.bn_all_reduce import build_mesh
   from resnet_tpu.engines.jax.step import JaxTrainStep  # pylint: disable=g-import-not-at-top
-  model = _keras_model(workload)
+  model = keras_model(workload, FLAGS.depth, FLAGS.image_size,
+                      FLAGS.num_classes)
   optimizer = build_optimizer("momentum", LEARNING_RATE, momentum=MOMENTUM)
   device = jax.devices()[0]
   rng = np.random.RandomState(0)
@@ -315,8 +351,12 @@ def run_keras(workload: str) -> dict:
       state, out = compiled(state, images, labels)
     jax.block_until_ready((state, out))
     windows.append(time.perf_counter() - start)
-  return {"compile_s": compile_s, "flops_per_step": _flops(compiled),
+  return {"compile_s": compile_s,
+          "model_flops_per_step": model_flops.training_flops(
+              model, FLAGS.batch_size),
+          "xla_flops_per_step": _xla_flops(compiled),
           "window_s": windows, "peak_memory_bytes": _peak_memory(),
+          "xla_memory_bytes": _xla_memory(compiled),
           "device": device.device_kind, "platform": device.platform}
 
 
@@ -324,8 +364,8 @@ def run_keras(workload: str) -> dict:
 
 
 def run_torch(workload: str) -> dict:
-  """torchvision's resnet50, eager or torch.compile'd, bf16 autocast, on
-  --torch_device."""
+  """torchvision's ResNet of --depth (resnet50 by default), eager or
+  torch.compile'd, bf16 autocast, on --torch_device."""
   import torch  # pylint: disable=g-import-not-at-top
   import torchvision  # pylint: disable=g-import-not-at-top
   on_gpu = FLAGS.torch_device == "cuda"
@@ -334,8 +374,16 @@ def run_torch(workload: str) -> dict:
   # cuDNN's fastest algorithm per shape, as torch's own ResNet recipes.
   torch.backends.cudnn.benchmark = True
   device = torch.device(FLAGS.torch_device)
-  model = torchvision.models.resnet50(num_classes=FLAGS.num_classes).to(
-      device, memory_format=torch.channels_last)
+  # torchvision's ResNets are v1.5 at every depth (the stride on the 3x3).
+  model = getattr(torchvision.models, f"resnet{FLAGS.depth}")(
+      num_classes=FLAGS.num_classes).to(device,
+                                        memory_format=torch.channels_last)
+  if workload == "torch_compile":
+    # The model compiled (its forward and, by AOTAutograd, its backward), the
+    # optimizer eager: torch.compile's usual form, compiled once in the
+    # first step (a compiled optimizer step would compile again at the
+    # second, once SGD's momentum buffers exist).
+    model = torch.compile(model)
   optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE,
                               momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
   loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=LABEL_SMOOTHING)
@@ -357,13 +405,12 @@ def run_torch(workload: str) -> dict:
     if on_gpu:
       torch.cuda.synchronize()
 
-  step = torch.compile(train) if workload == "torch_compile" else train
   start = time.perf_counter()
-  step(images, labels)
+  train(images, labels)
   synchronize()
   compile_s = time.perf_counter() - start
   for _ in range(FLAGS.warmup_steps):
-    step(images, labels)
+    train(images, labels)
   synchronize()
   if on_gpu:
     torch.cuda.reset_peak_memory_stats()
@@ -371,11 +418,10 @@ def run_torch(workload: str) -> dict:
   for _ in range(FLAGS.repeats):
     start = time.perf_counter()
     for _ in range(FLAGS.steps):
-      step(images, labels)
+      train(images, labels)
     synchronize()
     windows.append(time.perf_counter() - start)
-  return {"compile_s": compile_s, "flops_per_step": None,
-          "window_s": windows,
+  return {"compile_s": compile_s, "window_s": windows,
           "peak_memory_bytes": (int(torch.cuda.max_memory_allocated())
                                 if on_gpu else None),
           "device": torch.cuda.get_device_name() if on_gpu else "cpu",
@@ -386,7 +432,8 @@ def run_torch(workload: str) -> dict:
 
 
 def summarise(result: dict, flops: float | None) -> dict:
-  """images/s, step ms and MFU from a worker's timed windows."""
+  """images/s, step ms and MFU (of the model's `flops` per step) from a
+  worker's timed windows."""
   per_step = [w / FLAGS.steps for w in result["window_s"]]
   rates = [FLAGS.batch_size / s for s in per_step]
   out = dict(result)
@@ -395,7 +442,7 @@ def summarise(result: dict, flops: float | None) -> dict:
       "images_per_s_range": [min(rates), max(rates)],
       "step_ms": 1000 * statistics.median(per_step)})
   if flops:
-    out["flops_per_step_used"] = flops
+    out["model_flops_per_step"] = flops
     out["mfu"] = flops / statistics.median(per_step) / (
         FLAGS.peak_tflops * 1e12)
   return out
@@ -417,8 +464,17 @@ def ratios(results: dict) -> dict:
   return out
 
 
-def run_worker(workload: str, timeout_s: float) -> dict:
-  """One workload in its own process; its JSON, or why there is none."""
+def log_tail(log: TextIO, workload: str, stderr: str) -> None:
+  """The last LOG_LINES lines of a workload's stderr, under its name."""
+  lines = stderr.splitlines()[-LOG_LINES:]
+  log.write(f"==== {workload}: the last {len(lines)} lines of its stderr\n")
+  log.write("".join(line + "\n" for line in lines))
+  log.flush()
+
+
+def run_worker(workload: str, timeout_s: float, log: TextIO) -> dict:
+  """One workload in its own process; its JSON, or why there is none. Its
+  stderr's last lines go to `log`, also where it runs out of time."""
   command = [sys.executable, "-m", "lab.bench_gpu", f"--worker={workload}"]
   command += [f"--{name}={getattr(FLAGS, name)}" for name in (
       "depth", "batch_size", "image_size", "num_classes", "bn_images",
@@ -427,8 +483,10 @@ def run_worker(workload: str, timeout_s: float) -> dict:
   try:
     done = subprocess.run(command, capture_output=True, text=True,
                           timeout=timeout_s, env=env)
-  except subprocess.TimeoutExpired:
+  except subprocess.TimeoutExpired as e:
+    log_tail(log, workload, bench_gpu_loop.output_text(e.stderr))
     return {"skipped": f"over its {timeout_s:.0f} s"}
+  log_tail(log, workload, done.stderr)
   lines = [l for l in done.stdout.splitlines() if l.startswith("{")]
   if done.returncode or not lines:
     tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
@@ -436,50 +494,60 @@ def run_worker(workload: str, timeout_s: float) -> dict:
   return json.loads(lines[-1])
 
 
-def worker_timeout_s(left_s: float, workloads_after: int) -> float:
-  """What the next workload may take of the `left_s` seconds of the
-  budget: RESERVED_S stays for each of the `workloads_after` after it."""
-  return min(left_s - RESERVED_S * workloads_after, WORKLOAD_TIMEOUT_S)
-
-
-def drive() -> dict:
-  start = time.perf_counter()
+def drive(workloads: list[str], budget_s: float,
+          run_one: Callable[[str, float], dict],
+          on_result: Callable[[dict], None],
+          clock: Callable[[], float] = time.perf_counter) -> dict:
+  """`run_one(workload, timeout_s)` for each of `workloads` in order, within
+  `budget_s`: each may take what is left, at most WORKLOAD_TIMEOUT_S; one
+  left less than MIN_SLOT_S is skipped and says so. `on_result(results)`
+  after each. Returns {workload: result}."""
+  start = clock()
   results = {}
-  for i, workload in enumerate(FLAGS.workloads):
-    timeout_s = worker_timeout_s(
-        FLAGS.budget_s - (time.perf_counter() - start),
-        len(FLAGS.workloads) - i - 1)
-    if timeout_s < 30:
-      results[workload] = {"skipped": "time budget spent"}
-      continue
-    if workload == "loop":
-      results[workload] = bench_gpu_loop.run(
-          timeout_s, os.path.join(FLAGS.output_dir, "gpu_bench_loop.log"),
-          depth=FLAGS.depth, batch_size=FLAGS.batch_size,
-          image_size=FLAGS.image_size, num_classes=FLAGS.num_classes,
-          steps_per_loop=FLAGS.loop_steps_per_loop,
-          host_loops=FLAGS.loop_host_loops)
+  for workload in workloads:
+    left_s = budget_s - (clock() - start)
+    if left_s < MIN_SLOT_S:
+      results[workload] = {
+          "skipped": f"time budget spent: {max(left_s, 0):.0f} s of "
+                     f"{budget_s:.0f} left, under {MIN_SLOT_S} s"}
     else:
-      results[workload] = run_worker(workload, timeout_s)
+      results[workload] = run_one(workload, min(left_s, WORKLOAD_TIMEOUT_S))
     print(workload, json.dumps(results[workload])[:300], flush=True)
-  flops_v15 = (results.get("stock_layers", {}).get("flops_per_step") or
-               results.get("ours", {}).get("flops_per_step"))
+    on_result(results)
+  return results
+
+
+def summarised(results: dict) -> dict:
+  """The workers' results with images/s, step ms and MFU; torch's MFU from
+  the model FLOPs of the same v1.5 network in Keras."""
+  flops_v15 = (results.get("stock_layers", {}).get("model_flops_per_step") or
+               results.get("ours", {}).get("model_flops_per_step"))
+  out = {}
   for workload, result in results.items():
+    out[workload] = result
     if "window_s" in result:
-      flops = result["flops_per_step"] or (
+      flops = result.get("model_flops_per_step") or (
           flops_v15 if workload.startswith("torch") else None)
-      results[workload] = summarise(result, flops)
+      out[workload] = summarise(result, flops)
+  return out
+
+
+def report(results: dict, wall_s: float, finished: bool) -> dict:
+  """gpu_bench.json's content."""
+  results = summarised(results)
   return {
       "what": "ResNet training steps on one device, side by side "
               "(lab/bench_gpu.py; issue 48)",
+      "finished": finished,
       "config": {name: getattr(FLAGS, name) for name in (
           "depth", "batch_size", "image_size", "num_classes", "bn_images",
           "warmup_steps", "steps", "repeats", "peak_tflops",
-          "loop_steps_per_loop", "loop_host_loops", "torch_device")},
+          "loop_steps_per_loop", "loop_host_loops", "torch_device",
+          "budget_s")},
       "versions": _versions(results),
       "workloads": results,
       "ratios": ratios(results),
-      "wall_s": time.perf_counter() - start,
+      "wall_s": wall_s,
       "rerun": "make bench-gpu BENCH_OUT=DIR (lab/bench_gpu.py's "
                "docstring: the lent H200)",
   }
@@ -492,11 +560,31 @@ def main(argv):
     print(json.dumps(run(FLAGS.worker)), flush=True)
     return
   os.makedirs(FLAGS.output_dir, exist_ok=True)
-  report = drive()
   path = os.path.join(FLAGS.output_dir, "gpu_bench.json")
-  with open(path, "w") as f:
-    json.dump(report, f, indent=1)
-  print(json.dumps(report["ratios"], indent=1))
+  start = time.perf_counter()
+
+  def write(results: dict, finished: bool = False) -> dict:
+    content = report(results, time.perf_counter() - start, finished)
+    with open(path + ".tmp", "w") as f:
+      json.dump(content, f, indent=1)
+    os.replace(path + ".tmp", path)
+    return content
+
+  def run_one(workload: str, timeout_s: float) -> dict:
+    if workload == "loop":
+      return bench_gpu_loop.run(
+          timeout_s, os.path.join(FLAGS.output_dir, "gpu_bench_loop.log"),
+          depth=FLAGS.depth, batch_size=FLAGS.batch_size,
+          image_size=FLAGS.image_size, num_classes=FLAGS.num_classes,
+          steps_per_loop=FLAGS.loop_steps_per_loop,
+          host_loops=FLAGS.loop_host_loops)
+    return run_worker(workload, timeout_s, log)
+
+  with open(os.path.join(FLAGS.output_dir, "gpu_bench_workers.log"),
+            "w") as log:
+    results = drive(FLAGS.workloads, FLAGS.budget_s, run_one, write)
+  content = write(results, finished=True)
+  print(json.dumps(content["ratios"], indent=1))
   print("wrote", path)
 
 

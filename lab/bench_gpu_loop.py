@@ -85,10 +85,24 @@ def read_run(log: str, records: list[dict]) -> dict:
   return out
 
 
+def output_text(output: bytes | str | None) -> str:
+  """A subprocess's captured output as text (TimeoutExpired holds bytes)."""
+  if isinstance(output, bytes):
+    return output.decode(errors="replace")
+  return output or ""
+
+
+def _write(log_path: str | None, log: bytes | str | None) -> None:
+  """main.py's log to `log_path`."""
+  if log_path:
+    with open(log_path, "w") as f:
+      f.write(output_text(log))
+
+
 def run(timeout_s: float, log_path: str | None = None, **shape) -> dict:
   """main.py with command(**shape) in a temporary model_dir, at most
   `timeout_s`; its figures (read_run), or why there are none. Its log goes
-  to `log_path`."""
+  to `log_path`, also where it runs out of time."""
   with tempfile.TemporaryDirectory() as model_dir:
     argv = command(model_dir, **shape)
     start = time.perf_counter()
@@ -96,12 +110,11 @@ def run(timeout_s: float, log_path: str | None = None, **shape) -> dict:
       done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT,
                             timeout=timeout_s,
                             env=dict(os.environ, JAX_LOG_COMPILES="1"))
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as e:
+      _write(log_path, e.stderr)
       return {"skipped": f"over its {timeout_s:.0f} s"}
     wall_s = time.perf_counter() - start
-    if log_path:
-      with open(log_path, "w") as f:
-        f.write(done.stderr)
+    _write(log_path, done.stderr)
     if done.returncode:
       tail = done.stderr.strip().splitlines()[-3:]
       return {"skipped": f"exit {done.returncode}: " + " | ".join(tail)}

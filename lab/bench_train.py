@@ -37,7 +37,6 @@ from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 from absl import logging  # noqa: E402
 import keras  # noqa: E402
-import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from resnet_tpu.model import bfloat16_convs  # noqa: E402
@@ -47,6 +46,7 @@ from resnet_tpu import preflight  # noqa: E402
 from resnet_tpu.config import TrainConfig  # noqa: E402
 from resnet_tpu.model.resnet import build_model  # noqa: E402
 from resnet_tpu.engines.tensorflow.engine import TensorFlowEngine  # noqa: E402
+from lab.model_flops import forward_flops  # noqa: E402
 from tools import bench_common  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -65,18 +65,6 @@ def ours_v1_layout(cfg: TrainConfig) -> keras.Model:
   return build_model(
       dataclasses.replace(cfg.model, resnet_layout="keras_v1"),
       cfg.distribution)
-
-
-def forward_flops(model: keras.Model) -> int:
-  """FLOPs of one image's forward pass through the Conv2D and Dense layers."""
-  flops = 0
-  for layer in model.layers:
-    if isinstance(layer, keras.layers.Conv2D):
-      height, width = layer.output.shape[1:3]
-      flops += 2 * height * width * int(np.prod(layer.kernel.shape))
-    elif isinstance(layer, keras.layers.Dense):
-      flops += 2 * int(np.prod(layer.kernel.shape))
-  return flops
 
 
 def train_config(precision: str, image_size: int, batch: int, depth: int,

@@ -28,6 +28,7 @@ import pytest
 import engine_cases as cases
 from lab import bench_gpu
 from lab import bench_gpu_loop
+from lab import model_flops
 from x64 import enable_x64
 from resnet_tpu.optim.optimizers import build_optimizer
 from resnet_tpu.parallel.jax.bn_all_reduce import build_mesh
@@ -125,16 +126,101 @@ def test_virtual_replicas_take_ordinary_convolutions():
   assert not grouped, f"{len(grouped)} grouped, e.g. {grouped[0][:300]}"
 
 
-def test_every_workload_runs_though_each_takes_all_it_may():
-  """With the default budget and workloads, each workload that runs to its
-  timeout (a hang) still leaves every later one its RESERVED_S."""
-  left = bench_gpu.FLAGS["budget_s"].default
-  workloads = bench_gpu.FLAGS["workloads"].default
-  assert workloads.index("ours_bn32") < len(workloads) - 1
-  for after in reversed(range(len(workloads))):
-    timeout_s = bench_gpu.worker_timeout_s(left, after)
-    assert timeout_s >= bench_gpu.RESERVED_S, workloads[-after - 1]
-    left -= timeout_s
+class FakeClock:
+  """A clock that the fake workloads move on."""
+
+  def __init__(self):
+    self.now = 0.0
+
+  def __call__(self) -> float:
+    return self.now
+
+
+def _drive(takes: dict, budget_s: float) -> tuple[dict, dict, list]:
+  """bench_gpu.drive over workloads that each take takes[name] seconds (at
+  most their timeout: a hang). Returns the results, the timeouts given and
+  the workloads each on_result call saw."""
+  clock, given, seen = FakeClock(), {}, []
+
+  def run_one(workload, timeout_s):
+    given[workload] = timeout_s
+    clock.now += min(takes[workload], timeout_s)
+    if takes[workload] > timeout_s:
+      return {"skipped": f"over its {timeout_s:.0f} s"}
+    return {"images_per_s": 1.0}
+
+  results = bench_gpu.drive(list(takes), budget_s, run_one,
+                            lambda r: seen.append(list(r)), clock)
+  return results, given, seen
+
+
+def test_the_first_workloads_take_all_they_need_and_a_hang_is_bounded():
+  """No time is held back for later workloads: the first two get what is
+  left (at most WORKLOAD_TIMEOUT_S), so slow ResNet-50 compiles still
+  finish; a hang costs WORKLOAD_TIMEOUT_S, less than half the budget; the
+  last, left under MIN_SLOT_S, is skipped and says why; the report is
+  written after every workload."""
+  budget = bench_gpu.FLAGS["budget_s"].default
+  assert bench_gpu.WORKLOAD_TIMEOUT_S < budget / 2
+  takes = {"ours": 120, "loop": 150, "hang": 1e9, "last": 10}
+  results, given, seen = _drive(takes, budget)
+  assert given["ours"] == bench_gpu.WORKLOAD_TIMEOUT_S
+  assert given["loop"] == bench_gpu.WORKLOAD_TIMEOUT_S
+  assert results["ours"] == results["loop"] == {"images_per_s": 1.0}
+  assert given["hang"] == budget - 270
+  assert "over its" in results["hang"]["skipped"]
+  assert "last" not in given
+  assert "time budget spent" in results["last"]["skipped"]
+  assert seen == [list(takes)[:i + 1] for i in range(len(takes))]
+
+
+def test_after_a_hang_the_rest_still_run():
+  budget = bench_gpu.FLAGS["budget_s"].default
+  takes = {"hang": 1e9, "ours": 60, "loop": 90}
+  results, given, _ = _drive(takes, budget)
+  assert given["hang"] == bench_gpu.WORKLOAD_TIMEOUT_S
+  assert results["ours"] == results["loop"] == {"images_per_s": 1.0}
+
+
+def test_the_v15_network_has_torchvisions_multiply_adds():
+  """ResNet-50 v1.5 at 224 px: 4.09 G multiply-adds an image, torchvision's
+  figure for its resnet50 ("GFLOPS": 4.09, ResNet50_Weights; the network
+  torch_eager and torch_compile run, whose MFU takes this count), and
+  keras.applications' v1 the 3.86 G of its layout (stride 2 on the first
+  1x1 conv of a stage, not the 3x3)."""
+  for workload, giga in (("ours", 4.09), ("stock_layers", 4.09),
+                         ("keras_app", 3.86)):
+    model = bench_gpu.keras_model(workload, 50, 224, 1000)
+    macs = model_flops.forward_flops(model) / 2
+    assert round(macs / 1e9, 2) == giga, (workload, macs)
+
+
+def test_the_model_flops_are_xlas_where_no_padding_is_skipped():
+  """On a network without padding (valid convolutions, strided and not, a
+  dense layer), a training step's FLOPs as model_flops counts them (3 x the
+  forward pass) against XLA's count on the CPU, where the convolutions are
+  XLA's own ops: within 5 % (XLA adds the element-wise work)."""
+  inputs = keras.Input((17, 17, 8))
+  x = keras.layers.Conv2D(16, 3, strides=2, padding="valid")(inputs)
+  x = keras.layers.Conv2D(32, 3, padding="valid")(x)
+  x = keras.layers.Conv2D(24, 1, padding="valid")(x)
+  x = keras.layers.GlobalAveragePooling2D()(x)
+  logits = keras.layers.Dense(10)(x)
+  model = keras.Model(inputs, logits)
+  batch = 4
+
+  def loss(trainable, images):
+    out, _ = model.stateless_call(trainable, [], images)
+    return (out ** 2).sum()
+
+  trainable = [v.value for v in model.trainable_variables]
+  images = np.ones((batch, 17, 17, 8), np.float32)
+  # The images' gradient too, so that the first convolution's backward pass
+  # is whole, as every later one's is.
+  step = jax.jit(jax.grad(loss, argnums=(0, 1)))
+  xla = bench_gpu._xla_flops(step.lower(trainable, images).compile())
+  counted = model_flops.training_flops(model, batch)
+  assert counted == pytest.approx(xla, rel=0.05), (counted, xla)
 
 
 # An absl log of main.py with JAX_LOG_COMPILES=1: compiles before and
@@ -187,6 +273,7 @@ def test_a_tiny_run_reports_every_workload(tmp_path):
            "torch_compile"])],
       cwd=ROOT, check=True, timeout=600, env=env)
   report = json.load(open(tmp_path / "gpu_bench.json"))
+  assert report["finished"]
   workloads = report["workloads"]
   for name in ("ours", "stock_layers", "ours_bn32"):
     result = workloads[name]
@@ -194,7 +281,8 @@ def test_a_tiny_run_reports_every_workload(tmp_path):
     assert result["images_per_s"] > 0 and result["step_ms"] > 0, name
     low, high = result["images_per_s_range"]
     assert low <= result["images_per_s"] <= high
-    assert result["flops_per_step"] > 0 and 0 < result["mfu"], name
+    assert result["model_flops_per_step"] > 0 and 0 < result["mfu"], name
+    assert result["xla_flops_per_step"] > 0, name
     assert result["compile_s"] > 0
   # Where torch is not installed the workloads say so, and the run goes on;
   # where it is, they run on the CPU.
@@ -222,6 +310,9 @@ def test_a_tiny_run_reports_every_workload(tmp_path):
   assert loop["checkpoint"] == "ckpt-6.npz"  # TensorFlow was hidden
   assert 0 < loop["checkpoint_s"] < loop["wall_s"]
   assert (tmp_path / "gpu_bench_loop.log").is_file()
+  workers_log = (tmp_path / "gpu_bench_workers.log").read_text()
+  for name in ("ours", "stock_layers", "ours_bn32", "torch_eager"):
+    assert f"==== {name}: the last" in workers_log
   assert report["ratios"]["ours_vs_stock_layers"] == pytest.approx(
       workloads["ours"]["images_per_s"] /
       workloads["stock_layers"]["images_per_s"])
