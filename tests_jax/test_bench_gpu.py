@@ -1,7 +1,9 @@
 """The GPU bench (lab/bench_gpu.py) on JAX CPU devices: its virtual
 replicas are the step on real ones and run ordinary convolutions, its
-budget leaves every workload its time, its main.py run is read as it is
-logged, and a tiny run without TensorFlow writes its report.
+budget lets the first workloads finish and bounds a hang, its model FLOPs
+are torchvision's and (without padding) XLA's, its main.py run is read as
+it is logged, and a tiny run of make bench-gpu without TensorFlow writes
+its report (a Python without Keras or its wheels is told what to do).
 
 The step is compared in float64, as test_engines.py compares the engines.
 In float32, BN over few values per channel magnifies rounding: in this
