@@ -257,28 +257,17 @@ bench-engines-cpu: venv
 # bench_results/). A Python without Keras (the lent H200's) takes it from the
 # wheels in $(BENCH_WHEELS) (make bench-gpu-wheels, run where pip reaches an
 # index), installed into $(BENCH_SITE) first. BENCH_FLAGS: more flags (the
-# CPU rehearsal's small shapes, tests_jax/test_bench_gpu.py).
+# CPU rehearsal's small shapes, tests_jax/test_bench_gpu.py). Without make:
+# sh lab/bench_gpu.sh, with the same variables in its environment.
 BENCH_PYTHON ?= python3
 BENCH_OUT ?= bench_results
 BENCH_WHEELS ?= .whl
 BENCH_SITE ?= .bench-site
 
 bench-gpu:
-	@site=; $(BENCH_PYTHON) -c 'import importlib.util as u, sys; \
-	    sys.exit(u.find_spec("keras") is None)' || { \
-	  ls $(BENCH_WHEELS)/keras-*.whl >/dev/null 2>&1 || { \
-	    echo "make: $(BENCH_PYTHON) has no Keras, and $(BENCH_WHEELS)/" \
-	        "has no Keras wheel: run make bench-gpu-wheels on a machine" \
-	        "that reaches a package index, and carry $(BENCH_WHEELS)/" >&2; \
-	    exit 1; }; \
-	  echo "Keras from $(BENCH_WHEELS)/ into $(BENCH_SITE)/"; \
-	  $(BENCH_PYTHON) -m pip install --quiet --no-index --no-deps \
-	      --no-compile --upgrade --target $(abspath $(BENCH_SITE)) \
-	      $(BENCH_WHEELS)/*.whl || exit 1; \
-	  site=$(abspath $(BENCH_SITE)):; }; set -x; \
-	PYTHONPATH=$$site$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} \
-	    KERAS_BACKEND=jax $(BENCH_PYTHON) -m lab.bench_gpu \
-	    --output_dir=$(BENCH_OUT) $(BENCH_FLAGS)
+	BENCH_PYTHON='$(BENCH_PYTHON)' BENCH_OUT='$(BENCH_OUT)' \
+	    BENCH_WHEELS='$(BENCH_WHEELS)' BENCH_SITE='$(BENCH_SITE)' \
+	    BENCH_FLAGS='$(BENCH_FLAGS)' sh lab/bench_gpu.sh
 
 # The wheels that bench carries to a machine with JAX and no Keras (the
 # lent H200: Python 3.12), into .whl/; there: make bench-gpu BENCH_OUT=DIR.
