@@ -270,7 +270,8 @@ bench-gpu:
 	    BENCH_FLAGS='$(BENCH_FLAGS)' sh lab/bench_gpu.sh
 
 # The wheels that bench carries to a machine with JAX and no Keras (the
-# lent H200: Python 3.12), into .whl/; there: make bench-gpu BENCH_OUT=DIR.
+# lent H200: Python 3.12), into .whl/; there: make bench-gpu BENCH_OUT=DIR
+# (without make: BENCH_OUT=DIR sh lab/bench_gpu.sh).
 bench-gpu-wheels: requirements/bench-gpu.txt
 	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: \
 	    --python-version 3.12 --implementation cp \

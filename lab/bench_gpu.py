@@ -55,7 +55,8 @@ the last), so a call cut short still brings back what ran.
 On the lent H200 (no TensorFlow or Keras there, no network): here, `make
 bench-gpu-wheels` (Keras, namex and optree as Python 3.12 wheels, into
 .whl/); there, with .whl/ carried, `make bench-gpu BENCH_OUT=$OUT`, which
-installs them into .bench-site/ first. Elsewhere: `make bench-gpu
+installs them into .bench-site/ first (without make: `BENCH_OUT=$OUT sh
+lab/bench_gpu.sh`, the script the target runs). Elsewhere: `make bench-gpu
 BENCH_PYTHON=P BENCH_OUT=DIR` (P: a Python with JAX, and Keras or those
 wheels), or `python -m lab.bench_gpu --output_dir=DIR` with
 KERAS_BACKEND=jax.
